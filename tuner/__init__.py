@@ -1,0 +1,3 @@
+"""tuner: find the SGLang launch flags that give the most throughput, by measurement."""
+
+__version__ = "0.1.0"

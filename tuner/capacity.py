@@ -1,0 +1,268 @@
+"""The KV-cache calculus, as SGLang computes it (sglang-reference.md sections 1-3). Pure.
+
+Units: GPU memory in MiB (as nvidia-smi and SGLang's defaults use it), KV budgets in bytes,
+HiCache sizes in decimal GB (SGLang's `--hicache-size` multiplies by 1e9), SGLang's own
+"GB" in log lines is GiB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 2**20
+GIB = 2**30
+GB = 10**9
+
+#: SGLang keeps this much host RAM free when it checks a HiCache request (per rank).
+HICACHE_HOST_RESERVE_BYTES = 10 * GIB
+
+KV_DTYPE_BYTES = {
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp4_e2m1": 0.5,
+}
+KV_DTYPES = ("auto", *KV_DTYPE_BYTES)
+_MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "bf16": 2, "fp16": 2}
+
+
+class ModelConfigError(ValueError):
+    """A model config lacks a field the calculus needs (the message names the field)."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one token costs in the KV pool of one GPU rank."""
+
+    kind: str  # "mla" or "mha"
+    num_layers: int
+    dtype_bytes: float
+    bytes_per_token: int
+    detail: str  # the arithmetic, for humans
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's fields: vision-language configs nest them under `text_config`."""
+    inner = config.get("text_config")
+    if isinstance(inner, Mapping) and "num_hidden_layers" in inner:
+        return inner
+    return config
+
+
+def _field(cfg: Mapping[str, Any], name: str) -> int:
+    value = cfg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelConfigError(f"{name}: expected a positive integer, got {value!r}")
+    return value
+
+
+def kv_dtype_bytes(config: Mapping[str, Any], kv_dtype: str = "auto") -> float:
+    """Bytes per KV element: `auto` follows the model's dtype, as SGLang does."""
+    if kv_dtype != "auto":
+        if kv_dtype not in KV_DTYPE_BYTES:
+            raise ModelConfigError(f"kv-dtype: expected one of {', '.join(KV_DTYPES)}")
+        return KV_DTYPE_BYTES[kv_dtype]
+    cfg = text_config(config)
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    if dtype not in _MODEL_DTYPE_BYTES:
+        raise ModelConfigError(f"torch_dtype: unsupported model dtype {dtype!r}")
+    return _MODEL_DTYPE_BYTES[dtype]
+
+
+def kv_layout(config: Mapping[str, Any], tp: int = 1, kv_dtype: str = "auto") -> KVLayout:
+    """Bytes per token per GPU rank from a Hugging Face config.json.
+
+    MLA (DeepSeek-V3, Kimi-K2): the latent KV is replicated on every TP rank, so TP does not
+    divide it. MHA/GQA: KV heads split across ranks, but never below one head per rank.
+    """
+    if tp < 1:
+        raise ModelConfigError(f"tp: expected a positive integer, got {tp}")
+    cfg = text_config(config)
+    layers = _field(cfg, "num_hidden_layers")
+    dbytes = kv_dtype_bytes(config, kv_dtype)
+    if cfg.get("kv_lora_rank"):
+        lora, rope = _field(cfg, "kv_lora_rank"), _field(cfg, "qk_rope_head_dim")
+        bpt = int((lora + rope) * layers * dbytes)
+        detail = f"MLA: ({lora} + {rope}) x {layers} layers x {dbytes:g} B, same on every TP rank"
+        return KVLayout("mla", layers, dbytes, bpt, detail)
+    heads = _field(cfg, "num_attention_heads")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size") // heads
+    per_rank = max(1, int(kv_heads) // tp)
+    bpt = int(per_rank * head_dim * layers * 2 * dbytes)
+    detail = (
+        f"MHA/GQA: max(1, {kv_heads} kv heads // tp {tp}) = {per_rank} x {head_dim} head_dim"
+        f" x {layers} layers x 2 (K,V) x {dbytes:g} B"
+    )
+    return KVLayout("mha", layers, dbytes, bpt, detail)
+
+
+# --- SGLang's defaults by GPU size (server_args.py) ---------------------------------------
+
+
+def default_chunked_prefill_and_graph_bs(gpu_mem_mib: float, tp: int = 1) -> tuple[int, int]:
+    """`(chunked_prefill_size, cuda_graph_max_bs)` SGLang picks for this GPU size and TP."""
+    small_tp = tp < 4
+    if gpu_mem_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mem_mib < 35 * 1024:
+        return 2048, 24 if small_tp else 80
+    if gpu_mem_mib < 60 * 1024:
+        return 4096, 32 if small_tp else 160
+    if gpu_mem_mib < 160 * 1024:
+        return 8192, 256 if small_tp else 512
+    return 16384, 512
+
+
+def default_mem_fraction_static(
+    gpu_mem_mib: float,
+    tp: int = 1,
+    pp: int = 1,
+    chunked_prefill_size: int | None = None,
+    cuda_graph_max_bs: int | None = None,
+) -> float:
+    """SGLang's (>= 0.5.3) default `--mem-fraction-static` for the smallest GPU's memory."""
+    d_chunk, d_bs = default_chunked_prefill_and_graph_bs(gpu_mem_mib, tp)
+    chunk = d_chunk if chunked_prefill_size is None else chunked_prefill_size
+    bs = d_bs if cuda_graph_max_bs is None else cuda_graph_max_bs
+    reserved = 512 + max(chunk, 2048) * 1.5 + bs * 2 + tp * pp / 8 * 1024
+    if gpu_mem_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+
+
+# --- the KV pool ------------------------------------------------------------------------
+
+
+def pool_tokens(
+    mfs: float,
+    free_at_init_bytes: float,
+    fixed_bytes: float,
+    bytes_per_token: int,
+    page_size: int = 1,
+    max_total_tokens: int | None = None,
+) -> int:
+    """`max_total_num_tokens`: floor((mfs x free_at_init - weights - other) / bytes per token).
+
+    `fixed_bytes` is everything allocated before KV profiling (weights, buffers). The result is
+    capped by `--max-total-tokens` and rounded down to the page size; it may be <= 0, which
+    SGLang reports as "Not enough memory".
+    """
+    rest = mfs * free_at_init_bytes - fixed_bytes
+    tokens = math.floor(rest / bytes_per_token)
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    if tokens > 0 and page_size > 1:
+        tokens = tokens // page_size * page_size
+    return tokens
+
+
+def calibrate_fixed_bytes(
+    observed_tokens: int, observed_mfs: float, free_at_init_bytes: float, bytes_per_token: int
+) -> float:
+    """Infer weights + other from one observed pool: fixed = mfs x free - tokens x bpt."""
+    return observed_mfs * free_at_init_bytes - observed_tokens * bytes_per_token
+
+
+def max_running_requests(
+    total_tokens: int, context_len: int, max_running_requests_flag: int | None = None, dp: int = 1
+) -> int:
+    """SGLang's cap on running requests: min(tokens // 2 or the flag, req_to_token pool size)."""
+    if total_tokens <= 0:
+        return 0
+    req_pool = min(max(int(total_tokens / max(context_len, 1) * 512), 2048), 4096)
+    asked = total_tokens // 2 if max_running_requests_flag is None else max_running_requests_flag // dp
+    return min(asked, req_pool)
+
+
+def admissible_requests(total_tokens: int, avg_len: float, running_cap: int) -> int:
+    """How many requests of `avg_len` tokens (prompt + output) fit in the pool at once."""
+    if avg_len <= 0:
+        raise ValueError("avg_len must be positive")
+    return max(0, min(int(total_tokens // avg_len), running_cap))
+
+
+# --- HiCache -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HiCacheVerdict:
+    """What `--hicache-size GB` (per rank) asks of the host, and whether SGLang can start with it."""
+
+    size_gb_per_rank: float
+    ranks: int
+    host_tokens_per_rank: int
+    host_total_gb: float
+    feasible: bool
+    reason: str
+
+
+def hicache_verdict(
+    size_gb_per_rank: float,
+    bytes_per_token: int,
+    device_tokens: int,
+    host_ram_bytes: float | None,
+    tp: int = 1,
+    dp: int = 1,
+    pp: int = 1,
+    page_size: int = 1,
+) -> HiCacheVerdict:
+    """Judge one `--hicache-size` value the way SGLang's start-up will.
+
+    Every scheduler rank (TP x PP x DP) allocates its own pinned host pool of the full size.
+    Each rank checks `size > available - 10 GiB` on its own, concurrently, so the real limit
+    is the sum over ranks. The host pool must also hold more tokens than the device pool.
+    """
+    ranks = tp * dp * pp
+    per_rank_bytes = size_gb_per_rank * GB
+    host_tokens = math.ceil(per_rank_bytes / bytes_per_token)
+    host_tokens = -(-host_tokens // page_size) * page_size
+    total_gb = size_gb_per_rank * ranks
+    if size_gb_per_rank <= 0:
+        return HiCacheVerdict(size_gb_per_rank, ranks, 0, 0.0, True, "HiCache off")
+    if host_tokens <= device_tokens:
+        return HiCacheVerdict(
+            size_gb_per_rank, ranks, host_tokens, total_gb, False,
+            f"host pool of {host_tokens:,} tokens is not larger than the device pool of "
+            f"{device_tokens:,} tokens (SGLang: AssertionError 'The host memory should be larger "
+            "than the device memory')",
+        )  # fmt: skip
+    if host_ram_bytes is not None:
+        budget = host_ram_bytes - HICACHE_HOST_RESERVE_BYTES
+        if per_rank_bytes > budget:
+            return HiCacheVerdict(
+                size_gb_per_rank, ranks, host_tokens, total_gb, False,
+                f"{size_gb_per_rank:g} GB per rank exceeds host RAM {host_ram_bytes / GB:.0f} GB "
+                "less SGLang's 10 GiB reserve (ValueError 'Not enough host memory available')",
+            )  # fmt: skip
+        if total_gb * GB > budget:
+            return HiCacheVerdict(
+                size_gb_per_rank, ranks, host_tokens, total_gb, False,
+                f"{ranks} ranks x {size_gb_per_rank:g} GB = {total_gb:,.0f} GB of pinned host RAM; "
+                f"the host has {host_ram_bytes / GB:.0f} GB (each rank allocates its own pool: "
+                "later ranks fail 'Not enough host memory available' or the host overcommits)",
+            )  # fmt: skip
+    reason = (
+        f"{ranks} ranks x {size_gb_per_rank:g} GB = {total_gb:,.0f} GB host RAM; "
+        f"{host_tokens:,} prefix tokens per rank kept on the host"
+    )
+    return HiCacheVerdict(size_gb_per_rank, ranks, host_tokens, total_gb, True, reason)
+
+
+def max_hicache_gb_per_rank(host_ram_bytes: float, tp: int = 1, dp: int = 1, pp: int = 1) -> int:
+    """The largest whole `--hicache-size` every rank can allocate together on this host."""
+    budget = host_ram_bytes - HICACHE_HOST_RESERVE_BYTES
+    return max(0, math.floor(budget / (tp * dp * pp) / GB))
+
+
+HICACHE_STATEMENT = (
+    "HiCache keeps evicted prefixes in host RAM so a later request that shares them loads them "
+    "back over PCIe instead of recomputing; it does not raise max_total_num_tokens, "
+    "max_running_requests or admission: running requests always live in the GPU pool."
+)

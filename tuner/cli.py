@@ -1,0 +1,69 @@
+"""Command line: parse, dispatch to a command module, map outcomes to exit codes. No logic here.
+
+Each subcommand lives in `tuner/commands/<name>.py` with `register(subparsers)` and `run(args)`;
+heavy imports stay inside `run` so `tuner --help` is fast. `tuner sim` hands its whole argument
+list to the simulator, whose parser speaks SGLang's flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tuner import __version__
+from tuner.errors import InfraError, TunerError
+
+COMMANDS = ("tune", "status", "export", "report", "capacity", "bench", "sim")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus a message; a user mistake here gets one line and exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="tuner", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"tuner.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tuner` console script; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args_list[:1] == ["sim"]:
+            from tuner.sim.__main__ import main as sim_main
+
+            return sim_main(args_list[1:])
+        args = build_parser().parse_args(args_list)
+        return int(args.run(args) or EXIT_OK)
+    except TunerError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except InfraError as exc:
+        print(f"tuner: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("tuner: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_FAILED
+
+
+def not_built(name: str, issue: str):
+    """A `run` for a subcommand whose implementation has not landed yet."""
+
+    def run(args: argparse.Namespace) -> int:
+        raise TunerError(f"'tuner {name}' is not built yet ({issue})")
+
+    return run

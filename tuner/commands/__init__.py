@@ -1,0 +1,1 @@
+"""One module per subcommand: `register(subparsers)` adds its parser, `args.run(args)` runs it."""
