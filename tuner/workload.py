@@ -1,0 +1,292 @@
+"""Seeded request streams: what a load run sends. Pure (no network, no global random state).
+
+Synthetic prompts are token ids (sent as `input_ids` to SGLang's native `/generate`, so the
+server needs no tokenizer round-trip and lengths are exact) or, for OpenAI endpoints, one word
+per token (`"w123 w77 ..."`, which the simulator counts as one token per whitespace word).
+
+Kinds (bench_serving's datasets, sglang-reference.md section 7):
+  random         lengths uniform in [max(L*ratio, 1), L] (or fixed / lognormal)
+  shared-prefix  `num_groups` x `prompts_per_group`, each prompt = group prefix + own question
+  multi-turn     conversations; turn k+1 = turn k's prompt + placeholder of its output + question
+  sharegpt       ShareGPT JSON/JSONL (`conversations: [{from, value}, ...]`)
+  jsonl          one object per line: `prompt` (required), `max_tokens` (optional)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tuner.errors import ConfigError, InputFileError
+
+WorkloadKind = Literal["random", "shared-prefix", "multi-turn", "sharegpt", "jsonl"]
+WORKLOAD_KINDS: tuple[str, ...] = ("random", "shared-prefix", "multi-turn", "sharegpt", "jsonl")
+LengthDist = Literal["uniform", "fixed", "lognormal"]
+LENGTH_DISTS: tuple[str, ...] = ("uniform", "fixed", "lognormal")
+Backend = Literal["sglang", "openai", "openai-chat"]
+BACKENDS: tuple[str, ...] = ("sglang", "openai", "openai-chat")
+
+# Synthetic ids stay inside every common vocabulary (Llama 128k, Qwen 151k, Mistral 32k) and
+# above the special tokens, so a real SGLang accepts them as `input_ids`.
+_ID_LOW, _ID_HIGH = 1000, 30000
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What to send. Lengths are in tokens; `num_requests` is the total over all kinds.
+
+    shared-prefix makes `num_groups * prompts_per_group` requests (num_requests is ignored);
+    multi-turn makes ceil(num_requests / turns) conversations of `turns` turns; the first turn's
+    prompt has `input_len` tokens, each later question `question_len` tokens.
+    """
+
+    kind: WorkloadKind = "random"
+    num_requests: int = 1000
+    seed: int = 0
+    input_len: int = 1024
+    output_len: int = 1024
+    range_ratio: float = 0.0
+    length_dist: LengthDist = "uniform"
+    lognormal_sigma: float = 0.5
+    num_groups: int = 64
+    prompts_per_group: int = 16
+    prefix_len: int = 2048
+    question_len: int = 128
+    turns: int = 4
+    shuffle: bool = True
+    dataset_path: str | None = None
+    dataset_output_len: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_spec(self)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request to send. Exactly one of `token_ids` (synthetic) or `text` (dataset) is set.
+
+    `conversation`/`turn` tie multi-turn requests together: turn k+1 may only be sent after
+    turn k of the same conversation finished.
+    """
+
+    index: int
+    prompt_len: int
+    output_len: int
+    token_ids: tuple[int, ...] | None = None
+    text: str | None = None
+    conversation: int | None = None
+    turn: int = 0
+    group: int | None = None
+
+    def prompt_text(self) -> str:
+        """The prompt as text: dataset text, or one word per synthetic token."""
+        if self.text is not None:
+            return self.text
+        return " ".join([f"w{t}" for t in self.token_ids or ()])
+
+
+def _check_spec(s: WorkloadSpec) -> None:
+    def bad(key: str, msg: str) -> ConfigError:
+        return ConfigError(msg, key=f"workload.{key}")
+
+    if s.kind not in WORKLOAD_KINDS:
+        raise bad("kind", f"unknown kind {s.kind!r}; expected one of {', '.join(WORKLOAD_KINDS)}")
+    if s.length_dist not in LENGTH_DISTS:
+        raise bad("length_dist", f"{s.length_dist!r} is not one of {', '.join(LENGTH_DISTS)}")
+    for key in ("num_requests", "input_len", "output_len", "num_groups", "prompts_per_group"):
+        if int(getattr(s, key)) < 1:
+            raise bad(key, f"must be >= 1 (got {getattr(s, key)})")
+    for key in ("prefix_len", "question_len"):
+        if int(getattr(s, key)) < 0:
+            raise bad(key, f"must be >= 0 (got {getattr(s, key)})")
+    if s.turns < 1:
+        raise bad("turns", f"must be >= 1 (got {s.turns})")
+    if not 0.0 <= s.range_ratio <= 1.0:
+        raise bad("range_ratio", f"must be in [0, 1] (got {s.range_ratio})")
+    if s.dataset_output_len is not None and s.dataset_output_len < 1:
+        raise bad("dataset_output_len", f"must be >= 1 (got {s.dataset_output_len})")
+    if s.kind in ("sharegpt", "jsonl") and not s.dataset_path:
+        raise bad("dataset_path", f"kind {s.kind!r} needs a dataset file")
+
+
+def build_requests(spec: WorkloadSpec) -> list[Request]:
+    """Build the request list for `spec`; the same spec (seed included) gives the same list."""
+    rng = random.Random(spec.seed)
+    if spec.kind == "random":
+        return _random(spec, rng)
+    if spec.kind == "shared-prefix":
+        return _shared_prefix(spec, rng)
+    if spec.kind == "multi-turn":
+        return _multi_turn(spec, rng)
+    if spec.kind == "sharegpt":
+        return _sharegpt(spec, rng)
+    return _jsonl(spec, rng)
+
+
+def sample_length(rng: random.Random, length: int, spec: WorkloadSpec) -> int:
+    """One length around `length` per the spec's distribution (bench_serving's random rule)."""
+    if spec.length_dist == "fixed":
+        return length
+    if spec.length_dist == "lognormal":
+        # median `length`; clipped so one outlier cannot blow the context window
+        value = length * math.exp(rng.gauss(0.0, spec.lognormal_sigma))
+        return max(1, min(4 * length, round(value)))
+    low = max(int(length * spec.range_ratio), 1)
+    return rng.randint(low, length)
+
+
+def _ids(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(_ID_LOW, _ID_HIGH) for _ in range(n))
+
+
+def _random(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+    out = []
+    for i in range(spec.num_requests):
+        n_in = sample_length(rng, spec.input_len, spec)
+        n_out = sample_length(rng, spec.output_len, spec)
+        out.append(Request(i, n_in, n_out, token_ids=_ids(rng, n_in)))
+    return out
+
+
+def _shared_prefix(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+    pairs: list[tuple[int, tuple[int, ...]]] = []
+    for g in range(spec.num_groups):
+        prefix = _ids(rng, spec.prefix_len)
+        for _ in range(spec.prompts_per_group):
+            pairs.append((g, prefix + _ids(rng, spec.question_len)))
+    if spec.shuffle:
+        # interleaved groups are the case where a small pool evicts prefixes (HiCache matters)
+        rng.shuffle(pairs)
+    return [
+        Request(i, len(ids), spec.output_len, token_ids=ids, group=g)
+        for i, (g, ids) in enumerate(pairs)
+    ]
+
+
+def _multi_turn(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+    n_conv = math.ceil(spec.num_requests / spec.turns)
+    per_conv: list[list[Request]] = []
+    idx = 0
+    for c in range(n_conv):
+        history = _ids(rng, sample_length(rng, spec.input_len, spec))
+        turns = []
+        for t in range(spec.turns):
+            if t > 0:
+                prev = turns[-1]
+                # the real output is unknown when the list is built: a placeholder of its length
+                history = history + _ids(rng, prev.output_len) + _ids(rng, spec.question_len)
+            n_out = sample_length(rng, spec.output_len, spec)
+            turns.append(
+                Request(idx, len(history), n_out, token_ids=history, conversation=c, turn=t)
+            )
+            idx += 1
+        per_conv.append(turns)
+    # round-robin order: conversation c's turn t comes after every conversation's turn t-1,
+    # so a plain in-order sender never waits on its own previous turn
+    ordered = [conv[t] for t in range(spec.turns) for conv in per_conv]
+    return [
+        Request(
+            i,
+            r.prompt_len,
+            r.output_len,
+            token_ids=r.token_ids,
+            conversation=r.conversation,
+            turn=r.turn,
+        )
+        for i, r in enumerate(ordered)
+    ]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _read_records(path: str) -> list[tuple[int | None, Any]]:
+    """(line, object) pairs from a JSONL file, or (None, object) from a JSON array file."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputFileError(path, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputFileError(path, "not UTF-8 text") from None
+    if raw.lstrip().startswith("["):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InputFileError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+        if not isinstance(data, list) or not data:
+            raise InputFileError(path, "expected a non-empty JSON array of records")
+        return [(None, obj) for obj in data]
+    out = []
+    for n, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise InputFileError(path, f"invalid JSON: {exc.msg}", line=n) from None
+    if not out:
+        raise InputFileError(path, "no records")
+    return out
+
+
+def _bad(path: str, line: int | None, recno: int, message: str) -> InputFileError:
+    """Name the line of a JSONL file, or the record number in a JSON array."""
+    if line is None:
+        return InputFileError(path, f"record {recno}: {message}")
+    return InputFileError(path, message, line=line)
+
+
+def _finish(spec: WorkloadSpec, rng: random.Random, items: list[tuple[str, int]]) -> list[Request]:
+    if spec.shuffle:
+        rng.shuffle(items)
+    items = items[: spec.num_requests]
+    return [Request(i, _words(t), n_out, text=t) for i, (t, n_out) in enumerate(items)]
+
+
+def _sharegpt(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+    path = str(spec.dataset_path)
+    items: list[tuple[str, int]] = []
+    for recno, (line, rec) in enumerate(_read_records(path), start=1):
+        conv = rec.get("conversations") if isinstance(rec, dict) else None
+        if conv is None and isinstance(rec, dict):
+            conv = rec.get("conversation")
+        if not isinstance(conv, list):
+            raise _bad(path, line, recno, "record has no 'conversations' list")
+        turns = []
+        for turn in conv:
+            if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+                raise _bad(path, line, recno, "a turn lacks a string 'value'")
+            if "from" not in turn:
+                raise _bad(path, line, recno, "a turn lacks 'from'")
+            turns.append(turn["value"])
+        # as bench_serving: first turn is the prompt, second the reference completion
+        if len(turns) < 2 or not turns[0].strip():
+            continue
+        n_out = spec.dataset_output_len or _words(turns[1])
+        if n_out < 1:
+            continue
+        items.append((turns[0], n_out))
+    if not items:
+        raise InputFileError(path, "no conversation with a prompt and a reply")
+    return _finish(spec, rng, items)
+
+
+def _jsonl(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+    path = str(spec.dataset_path)
+    items: list[tuple[str, int]] = []
+    for recno, (line, rec) in enumerate(_read_records(path), start=1):
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+            raise _bad(path, line, recno, "record lacks a string 'prompt'")
+        n_out = rec.get("max_tokens", spec.dataset_output_len or spec.output_len)
+        if isinstance(n_out, bool) or not isinstance(n_out, int) or n_out < 1:
+            raise _bad(
+                path, line, recno, f"'max_tokens' must be a positive integer (got {n_out!r})"
+            )
+        items.append((rec["prompt"], spec.dataset_output_len or n_out))
+    return _finish(spec, rng, items)
