@@ -177,7 +177,9 @@ def max_running_requests(
     if total_tokens <= 0:
         return 0
     req_pool = min(max(int(total_tokens / max(context_len, 1) * 512), 2048), 4096)
-    asked = total_tokens // 2 if max_running_requests_flag is None else max_running_requests_flag // dp
+    asked = (
+        total_tokens // 2 if max_running_requests_flag is None else max_running_requests_flag // dp
+    )
     return min(asked, req_pool)
 
 

@@ -61,9 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def not_built(name: str, issue: str):
-    """A `run` for a subcommand whose implementation has not landed yet."""
+    """A `run` for a subcommand whose implementation has not landed yet (it still checks the study file)."""
 
     def run(args: argparse.Namespace) -> int:
+        if getattr(args, "study_file", None):
+            from tuner.config import load_study
+
+            load_study(args.study_file)
         raise TunerError(f"'tuner {name}' is not built yet ({issue})")
 
     return run

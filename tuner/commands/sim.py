@@ -7,4 +7,6 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     # Listed for --help only: cli.main hands `tuner sim ...` to tuner.sim before argparse runs.
-    sub.add_parser("sim", help="run the simulated SGLang server (SGLang's flags; see `tuner sim --help`)")
+    sub.add_parser(
+        "sim", help="run the simulated SGLang server (SGLang's flags; see `tuner sim --help`)"
+    )

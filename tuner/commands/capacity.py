@@ -1,0 +1,125 @@
+"""`tuner capacity`: the KV-cache calculus of a deployment, with the naive reading beside it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tuner.errors import ConfigError
+
+EPILOG = """example (the motivating case):
+  tuner capacity --model-config kimi-k2.5 --tp 8 --gpu-mem-mib 97887 \\
+      --observed-tokens 116171 --observed-mfs 0.85 --mfs 0.90 --mfs 0.95 \\
+      --hicache-size 300 --hicache-size 50 --host-ram-gb 449 --avg-len 4000 --avg-len 2000 \\
+      --naive --observed-kv-gb 14.8
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    # fmt: off
+    p = sub.add_parser(
+        "capacity",
+        help="KV pool, mfs projection, HiCache feasibility and admission, from SGLang's formulas",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model-config", required=True, metavar="PATH|NAME",
+                   help="Hugging Face config.json (or its folder), or a shipped name such as kimi-k2.5")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
+    p.add_argument("--dp", type=int, default=1, help="data parallel size (default 1)")
+    p.add_argument("--kv-dtype", default="auto",
+                   choices=["auto", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"], help="KV cache dtype")
+    p.add_argument("--page-size", type=int, default=1, help="SGLang --page-size (default 1)")
+    p.add_argument("--context-len", type=int, help="default: the model's max_position_embeddings")
+    p.add_argument("--gpu-mem-mib", type=float, metavar="M",
+                   help="GPU memory in MiB (nvidia-smi memory.total; read as free at init)")
+    p.add_argument("--weights-gib", type=float, metavar="W", help="weights per GPU in GiB")
+    p.add_argument("--observed-tokens", type=int, metavar="T",
+                   help="max_total_num_tokens a real server reported (calibrates the projection)")
+    p.add_argument("--observed-mfs", type=float, metavar="F", help="the mfs it was observed at")
+    p.add_argument("--observed-kv-gb", type=float, metavar="G",
+                   help="the rough KV size people quote (naive mode only)")
+    p.add_argument("--mfs", type=float, action="append", default=[], metavar="F",
+                   help="project the pool at this --mem-fraction-static (repeatable)")
+    p.add_argument("--hicache-size", type=float, action="append", default=[], metavar="GB",
+                   help="--hicache-size to judge, GB per rank as SGLang reads it (repeatable)")
+    p.add_argument("--host-ram-gb", type=float, metavar="R", help="host RAM available, GB")
+    p.add_argument("--avg-len", type=float, action="append", default=[], metavar="L",
+                   help="average request length, prompt + output tokens (repeatable)")
+    p.add_argument("--naive", action="store_true",
+                   help="also show the back-of-envelope reading (needs --observed-kv-gb)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(run=run)
+    # fmt: on
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Cross-flag rules argparse cannot express; each failure is one line naming the flag."""
+
+    def bad(flag: str, msg: str) -> None:
+        raise ConfigError(msg, key=flag)
+
+    for flag, value in (("--tp", args.tp), ("--dp", args.dp), ("--page-size", args.page_size)):
+        if value < 1:
+            bad(flag, f"must be a positive integer, got {value}")
+    for flag, value in (("--gpu-mem-mib", args.gpu_mem_mib), ("--host-ram-gb", args.host_ram_gb),
+                        ("--observed-kv-gb", args.observed_kv_gb), ("--context-len", args.context_len),
+                        ("--observed-tokens", args.observed_tokens)):  # fmt: skip
+        if value is not None and value <= 0:
+            bad(flag, f"must be positive, got {value:g}")
+    if args.weights_gib is not None and args.weights_gib < 0:
+        bad("--weights-gib", f"must not be negative, got {args.weights_gib:g}")
+    for value in [*args.mfs, *([args.observed_mfs] if args.observed_mfs is not None else [])]:
+        if not 0 < value < 1:
+            bad("--mfs" if value in args.mfs else "--observed-mfs",
+                f"a fraction between 0 and 1 is expected, got {value:g}")  # fmt: skip
+    for value in args.hicache_size:
+        if value < 0 or value != int(value):
+            bad(
+                "--hicache-size",
+                f"SGLang takes a whole number of GB per rank (int >= 0), got {value:g}",
+            )
+    for value in args.avg_len:
+        if value <= 0:
+            bad("--avg-len", f"must be positive, got {value:g}")
+    if (args.observed_mfs is None) != (args.observed_tokens is None):
+        bad("--observed-mfs", "--observed-tokens and --observed-mfs go together")
+    if args.observed_tokens is not None and args.gpu_mem_mib is None and args.mfs:
+        bad("--gpu-mem-mib", "projecting --mfs from an observation needs the GPU memory")
+    if args.naive and (args.observed_kv_gb is None or args.observed_tokens is None):
+        bad(
+            "--naive",
+            "needs --observed-kv-gb and --observed-tokens (the figures people start from)",
+        )
+    if args.observed_kv_gb is not None and not args.naive:
+        bad("--observed-kv-gb", "is the naive mode's rough figure: add --naive")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.capacity import ModelConfigError
+    from tuner.capacity_report import CapacityInputs, analyze
+    from tuner.modelcfg import load_model_config
+
+    _check(args)
+    config = load_model_config(args.model_config)
+    inputs = CapacityInputs(
+        model_config=config, tp=args.tp, dp=args.dp, kv_dtype=args.kv_dtype,
+        page_size=args.page_size, gpu_mem_mib=args.gpu_mem_mib, weights_gib=args.weights_gib,
+        observed_tokens=args.observed_tokens, observed_mfs=args.observed_mfs,
+        observed_kv_gb=args.observed_kv_gb, mfs=tuple(args.mfs),
+        hicache_sizes_gb=tuple(int(v) for v in args.hicache_size), host_ram_gb=args.host_ram_gb,
+        avg_lens=tuple(args.avg_len), context_len=args.context_len, naive=args.naive,
+    )  # fmt: skip
+    try:
+        report = analyze(inputs)
+    except ModelConfigError as exc:
+        raise ConfigError(str(exc), file=args.model_config) from None
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        from tuner.report_capacity import render_capacity
+
+        render_capacity(report, inputs)
+    return 0

@@ -1,0 +1,398 @@
+"""Study file -> validated, immutable `StudyConfig`. Every error names the file and the key path.
+
+Conventions of the study file: tuner's own keys are snake_case; SGLang flags (under `server:`,
+`space:` and `baseline:`) keep SGLang's dashed names, exactly as SGLang's `--config` YAML takes
+them, so the exported launch config is `server` plus the winning `space` values.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tuner.errors import ConfigError
+
+FLAG_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+#: search-space keys that are the client's, not the server's: changing them needs no restart
+CLIENT_PARAMS = frozenset({"concurrency", "request-rate"})
+Scalar = str | int | float | bool
+FlagValue = Scalar | list[Scalar]
+Comparison = Literal["gt", "ge", "lt", "le", "ne"]
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(value: str | float | int) -> float:
+    """`90`, `90s`, `15m`, `8h`, `1d` -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like 90s, 15m or 8h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = DURATION_RE.match(value)
+        if not m:
+            raise ValueError(f"expected a duration like 90s, 15m or 8h, got {value!r}")
+        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"a duration must be positive, got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, Field(gt=0)]
+
+
+class Model(BaseModel):
+    """Strict, immutable base: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSection(Model):
+    """How to reach the GPU host (ignored for `host: local`)."""
+
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None  # default ~/.ssh/known_hosts
+    trust_unknown_host_key: bool = False  # explicit opt-in: accept and remember an unknown key
+    ssh_config: str | None = None  # default ~/.ssh/config (aliases, ProxyJump)
+    password_env: str | None = None  # name of an environment variable; never the password itself
+    connect_timeout_s: Duration = 10
+    banner_timeout_s: Duration = 15
+    auth_timeout_s: Duration = 15
+    command_timeout_s: Duration = 60
+    reconnect_attempts: int = Field(3, ge=1, le=20)
+
+
+class Timeouts(Model):
+    """Every wait the lifecycle does, named (seconds)."""
+
+    ready_s: Duration = 900  # start -> /health 200 (weights of a large model load for minutes)
+    stop_s: Duration = 60  # TERM -> group gone, then KILL
+    port_free_s: Duration = 30
+    gpu_free_s: Duration = 120
+    poll_s: Duration = 1.0
+
+
+class TargetSection(Model):
+    """Where the server runs and how it is started."""
+
+    host: str = "local"  # `local`, an ssh_config alias, or a host name / address
+    ssh: SSHSection = SSHSection()
+    launch: list[str] = ["python", "-m", "sglang.launch_server"]  # argv before the flags
+    env: dict[str, str] = {}
+    workdir: str | None = None
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
+    port: int = Field(30000, ge=1, le=65535)
+    http_host: str | None = None  # address the tuner reaches the server at (default: the host)
+    api_key_env: str | None = None  # environment variable holding --api-key; never stored
+    timeouts: Timeouts = Timeouts()
+
+    @field_validator("launch")
+    @classmethod
+    def _launch(cls, v: list[str]) -> list[str]:
+        if not v or not all(isinstance(a, str) and a for a in v):
+            raise ValueError(
+                "expected a non-empty list of arguments, e.g. [python, -m, sglang.launch_server]"
+            )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return v
+
+
+class ParamSpec(Model):
+    """One searched parameter: a range (float or int, optional step, log) or a list of choices."""
+
+    type: Literal["float", "int", "categorical", "bool"] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = Field(None, gt=0)
+    log: bool = False
+    choices: list[Scalar] | None = None
+    #: only sampled when every named parameter matches: a value, a list of values, or a
+    #: comparison such as {gt: 0}
+    when: dict[str, Scalar | list[Scalar] | dict[Comparison, float]] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> ParamSpec:
+        kind = self.kind
+        if kind in ("categorical", "bool"):
+            if self.low is not None or self.high is not None:
+                raise ValueError(f"a {kind} parameter takes choices, not low/high")
+            if kind == "categorical" and not self.choices:
+                raise ValueError("choices: expected a non-empty list")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("expected low and high (or choices)")
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log scale needs low > 0, got {self.low:g}")
+        if self.log and self.step is not None and kind == "float":
+            raise ValueError("step and log cannot be combined for a float (optuna's rule)")
+        if kind == "int":
+            for name in ("low", "high", "step"):
+                value = getattr(self, name)
+                if value is not None and value != int(value):
+                    raise ValueError(
+                        f"{name} ({value:g}) must be a whole number for an int parameter"
+                    )
+        return self
+
+    @property
+    def kind(self) -> str:
+        """The parameter's type, inferred when not given: choices -> categorical, ints -> int."""
+        if self.type:
+            return self.type
+        if self.choices is not None:
+            return "categorical"
+        bounds = [v for v in (self.low, self.high, self.step) if v is not None]
+        return (
+            "int"
+            if bounds and all(float(v).is_integer() for v in bounds) and self.step != 0
+            else "float"
+        )
+
+
+class WorkloadSection(Model):
+    """The traffic each trial is scored on (mapped onto the load generator's spec)."""
+
+    kind: Literal["random", "shared-prefix", "multi-turn", "sharegpt", "jsonl"] = "random"
+    backend: Literal["sglang", "openai", "openai-chat"] = "sglang"
+    input_len: int = Field(1024, ge=1)
+    output_len: int = Field(256, ge=1)
+    range_ratio: float = Field(1.0, ge=0, le=1)
+    num_groups: int = Field(64, ge=1)
+    prompts_per_group: int = Field(16, ge=1)
+    prefix_len: int = Field(2048, ge=0)
+    question_len: int = Field(128, ge=1)
+    turns: int = Field(4, ge=1)
+    dataset: str | None = None
+    num_requests: int | None = Field(None, ge=1)
+    duration_s: Duration | None = 60
+    warmup_requests: int = Field(1, ge=0)
+    flush_cache: bool = True
+    request_rate: float | None = Field(None, gt=0)  # None = closed loop at the trial's concurrency
+    request_timeout_s: Duration = 600
+    max_error_rate: float = Field(0.05, ge=0, le=1)  # beyond it the run stops early, flagged
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _dataset(self) -> WorkloadSection:
+        if self.kind in ("sharegpt", "jsonl") and not self.dataset:
+            raise ValueError(f"kind {self.kind} needs dataset: PATH")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("give duration_s, num_requests or both")
+        return self
+
+
+class SLOSection(Model):
+    """Latency limits a configuration must meet to count (ms; error rate as a fraction)."""
+
+    p99_ttft_ms: float | None = Field(None, gt=0)
+    p99_tpot_ms: float | None = Field(None, gt=0)
+    p99_itl_ms: float | None = Field(None, gt=0)
+    p99_e2e_latency_ms: float | None = Field(None, gt=0)
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+
+
+class ObjectiveSection(Model):
+    """What to maximise, under which SLOs; optionally a Pareto front against a latency."""
+
+    metric: Literal["output_throughput", "total_throughput", "request_throughput", "goodput"] = (
+        "output_throughput"
+    )
+    slo: SLOSection = SLOSection()
+    pareto_latency: (
+        Literal["p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2e_latency_ms"] | None
+    ) = None
+
+
+class BudgetSection(Model):
+    """How much to spend: trials count across resumes; timeout is per `tuner tune` run."""
+
+    n_trials: int = Field(20, ge=1)
+    timeout: Duration | None = None  # wall clock for one `tuner tune` run: 8h, 90m, 3600
+    trial_timeout: Duration = 3600  # one trial end to end (restart + load)
+    confirm_top: int = Field(3, ge=0)
+    confirm_repeats: int = Field(2, ge=1)
+    infra_retries: int = Field(2, ge=0)
+
+    @field_validator("timeout", "trial_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+
+class SamplerSection(Model):
+    name: Literal["tpe", "gp", "random", "grid", "qmc"] = "tpe"
+    seed: int = 0
+    n_startup_trials: int = Field(8, ge=0)
+
+
+class HardwareSection(Model):
+    """Facts for the pre-check that rejects certainly-infeasible configs without a restart."""
+
+    model_config_path: str | None = Field(None, alias="model_config")  # path or shipped name
+    gpu_mem_mib: float | None = Field(None, gt=0)
+    host_ram_gb: float | None = Field(None, gt=0)
+    weights_gib: float | None = Field(None, ge=0)
+
+
+class StudyConfig(Model):
+    """A whole study file."""
+
+    study: str
+    description: str = ""
+    target: TargetSection = TargetSection()
+    server: dict[str, FlagValue]
+    space: dict[str, ParamSpec]
+    baseline: dict[str, FlagValue] | None = None
+    workload: WorkloadSection = WorkloadSection()
+    objective: ObjectiveSection = ObjectiveSection()
+    budget: BudgetSection = BudgetSection()
+    sampler: SamplerSection = SamplerSection()
+    hardware: HardwareSection = HardwareSection()
+    storage: str | None = None
+    source: str = Field("", exclude=True)  # the file it came from (not part of the fingerprint)
+
+    @field_validator("study")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", v):
+            raise ValueError(
+                "expected a name of letters, digits, '.', '_' or '-' (it names runs/<study>/)"
+            )
+        return v
+
+    @field_validator("server", "baseline")
+    @classmethod
+    def _flags(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in v or {}:
+            _check_flag_name(key)
+        return v
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, ParamSpec]) -> dict[str, ParamSpec]:
+        if not v:
+            raise ValueError("expected at least one parameter to search")
+        for key in v:
+            _check_flag_name(key)
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> StudyConfig:
+        if "model-path" not in self.server and "model" not in self.server:
+            raise ValueError("server: model-path is required (the model SGLang serves)")
+        for name, spec in self.space.items():
+            if name in self.server:
+                raise ValueError(f"space: {name} is also fixed under server: keep it in one place")
+            for dep in spec.when or {}:
+                if dep not in self.space:
+                    raise ValueError(f"space: {name}.when: {dep} is not a searched parameter")
+        for name in self.baseline or {}:
+            if name not in self.space:
+                raise ValueError(f"baseline: {name} is not a searched parameter")
+        return self
+
+    @property
+    def server_params(self) -> list[str]:
+        """Searched parameters that are server flags (changing one needs a restart)."""
+        return [k for k in self.space if k not in CLIENT_PARAMS]
+
+
+def _check_flag_name(key: str) -> None:
+    if "_" in key:
+        raise ValueError(f"{key}: use SGLang's dashed flag name {key.replace('_', '-')!r}")
+    if key.startswith("-") or not FLAG_RE.match(key):
+        raise ValueError(
+            f"{key!r}: expected a flag name without dashes in front, e.g. mem-fraction-static"
+        )
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of keeping the last silently."""
+
+
+def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_yaml(path: Path) -> Any:
+    """Parse YAML safely; syntax errors become one line with file, line and column."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    try:
+        return yaml.load(
+            text, Loader=_UniqueKeyLoader
+        )  # a SafeLoader subclass: no arbitrary objects
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"invalid YAML: {problem}", file=where) from None
+
+
+def _render(err: dict[str, Any]) -> tuple[str, str]:
+    """One pydantic error -> (key path, message) in the study file's own words."""
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+    msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in err and err["type"].endswith(("_type", "_parsing")):
+        msg = f"{msg} (got {err['input']!r})"
+    # cross-section messages name their own key ("space: x ...") when raised at the top level
+    if not loc and ": " in msg and msg.split(": ", 1)[0] in StudyConfig.model_fields:
+        key, msg = msg.split(": ", 1)
+        return key, msg
+    return ".".join(loc), msg
+
+
+def parse_study(data: Any, source: str = "<study>") -> StudyConfig:
+    """Validate an already-parsed mapping; raise ConfigError naming the first bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "expected a mapping at the top level (study:, server:, space:, ...)", file=source
+        )
+    try:
+        cfg = StudyConfig.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        key, msg = _render(exc.errors()[0])
+        extra = len(exc.errors()) - 1
+        if extra:
+            msg += f" (and {extra} more problem{'s' if extra > 1 else ''})"
+        raise ConfigError(msg, file=source, key=key or None) from None
+    return cfg
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and validate a study file."""
+    p = Path(path)
+    return parse_study(load_yaml(p), source=str(path))
