@@ -1,0 +1,372 @@
+"""SGLang's start-up, simulated: defaults, the GPU memory model, failure verdicts, log lines. Pure.
+
+The memory model (all per GPU rank, GiB):
+
+    free0      = gpu_mem - cuda_context                         (what SGLang measures at init)
+    KV pool    = capacity.pool_tokens(mfs, free0, weights + other, bytes/token)
+    headroom   = free0 - weights - other - KV  (= free0 x (1 - mfs) unless --max-total-tokens)
+    after the req_to_token table and the CUDA graphs: available_gpu_mem (the scheduler's log)
+
+Verdicts, in the order SGLang would hit them:
+  * weights + other > free0: torch OOM while loading weights;
+  * KV tokens <= 0: `RuntimeError: Not enough memory...`;
+  * headroom - req_to_token < graph(cuda_graph_max_bs): `Capture cuda graph failed: CUDA out of memory`
+    (the "cliff" of too-high mfs);
+  * available_gpu_mem < activation(one full prefill batch): start-up succeeds, but a prefill batch
+    with more than `oom_prefill_tokens` new tokens dies under load ("the band below the cliff");
+  * HiCache: host pool not larger than the device pool (AssertionError) or larger than host RAM
+    (ValueError), both late, after graph capture.
+The tuner's pre-check calls `plan_memory` / `hicache_failure` with the same profile numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from tuner import capacity
+from tuner.capacity import GB, GIB
+from tuner.sim.profile import Profile
+
+EXIT_CHILD_FAILED = 137  # SGLang's parent SIGKILLs its tree when a child dies: 128 + 9
+EXIT_MAIN_EXCEPTION = 1  # an exception in the main process (argument checks, uvicorn bind)
+
+SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
+GRAPH_ADVICE = (
+    "Possible solutions:",
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
+    "3. disable torch compile by not using --enable-torch-compile",
+    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)",
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose",
+)
+RADIX_HICACHE_MESSAGE = (
+    "ValueError: The arguments enable-hierarchical-cache and disable-radix-cache are mutually "
+    "exclusive and cannot be used at the same time. Please use only one of them."
+)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What ServerArgs.__post_init__ resolves from the GPU size when a flag is not given."""
+
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+    context_len: int
+    served_model_name: str
+
+
+def resolve_defaults(ns: argparse.Namespace, profile: Profile) -> Defaults:
+    """SGLang's defaults for this GPU (sglang-reference.md section 1)."""
+    d_chunk, d_bs = capacity.default_chunked_prefill_and_graph_bs(profile.gpu_mem_mib, ns.tp_size)
+    chunk = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else d_chunk
+    if ns.cuda_graph_max_bs is not None:
+        bs = ns.cuda_graph_max_bs
+    elif ns.cuda_graph_bs:
+        bs = max(ns.cuda_graph_bs)
+    else:
+        bs = d_bs
+    mfs = ns.mem_fraction_static
+    if mfs is None:
+        mfs = capacity.default_mem_fraction_static(
+            profile.gpu_mem_mib, ns.tp_size, ns.pp_size, chunk, bs
+        )
+    ctx = ns.context_length or profile.context_len()
+    return Defaults(mfs, chunk, bs, ctx, ns.served_model_name or ns.model_path)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One rank's GPU memory after start-up, and the verdict."""
+
+    verdict: str  # ok | band | weights_oom | not_enough_memory | kv_oom | graph_oom
+    mfs: float
+    kv_kind: str  # mla | mha
+    bytes_per_token: int
+    free0_gib: float
+    weights_gib: float
+    other_gib: float
+    max_total_num_tokens: int
+    kv_gib: float
+    req_to_token_gib: float
+    graph_gib: float
+    activation_gib: float  # one full prefill batch
+    available_gpu_mem_gib: float  # after graphs (may be negative on graph_oom)
+    max_running_requests: int
+    max_req_input_len: int
+    oom_prefill_tokens: int | None  # band: a prefill batch with more new tokens dies
+
+    @property
+    def avail_after_weights_gib(self) -> float:
+        """`avail mem` in the `Load weight end` line."""
+        return self.free0_gib - self.weights_gib
+
+    @property
+    def avail_after_kv_gib(self) -> float:
+        """`avail mem` after the KV pool (and the buffers before it) are allocated."""
+        return self.free0_gib - self.weights_gib - self.other_gib - self.kv_gib
+
+
+def plan_memory(
+    profile: Profile,
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    mfs: float,
+    chunked_prefill_size: int,
+    max_prefill_tokens: int = 16384,
+    cuda_graph_max_bs: int,
+    disable_cuda_graph: bool = False,
+    page_size: int = 1,
+    kv_cache_dtype: str = "auto",
+    max_total_tokens: int | None = None,
+    max_running_requests: int | None = None,
+    context_len: int | None = None,
+) -> MemoryPlan:
+    """The memory model of the module docstring, for one set of flags."""
+    ctx = context_len or profile.context_len()
+    layout = capacity.kv_layout(profile.model_config, tp, kv_cache_dtype)
+    bpt = layout.bytes_per_token
+    free0 = profile.free_at_init_mib / 1024
+    weights = profile.weights_gib(tp)
+    other = profile.other_gib
+    tokens = capacity.pool_tokens(
+        mfs, free0 * GIB, (weights + other) * GIB, bpt, page_size, max_total_tokens
+    )
+    kv = max(tokens, 0) * bpt / GIB
+    num_reqs = max_running_requests or min(max(int(max(tokens, 0) / ctx * 512), 2048), 4096)
+    req_to_token = num_reqs * (ctx + 4) * 4 / GIB
+    gm = profile.graph_memory
+    graph = 0.0 if disable_cuda_graph else gm.graph_mib(cuda_graph_max_bs) / 1024
+    batch = (
+        min(chunked_prefill_size, max_prefill_tokens)
+        if chunked_prefill_size > 0
+        else max_prefill_tokens
+    )
+    activation = gm.activation_mib(batch) / 1024
+    available = free0 - weights - other - kv - req_to_token - graph
+    oom_tokens: int | None = None
+    if weights + other > free0:
+        verdict = "weights_oom"
+    elif tokens <= 0:
+        verdict = "not_enough_memory"
+    elif free0 - weights - other - kv - req_to_token < 0:
+        verdict = "kv_oom"
+    elif available < 0:
+        verdict = "graph_oom"
+    elif available < activation:
+        verdict = "band"
+        spare_mib = available * 1024 - gm.activation_base_mib
+        per_token = gm.activation_mib_per_token or 1.0
+        oom_tokens = max(1, math.floor(spare_mib / per_token))
+    else:
+        verdict = "ok"
+    running = capacity.max_running_requests(max(tokens, 0), ctx, max_running_requests, dp)
+    return MemoryPlan(
+        verdict=verdict, mfs=mfs, kv_kind=layout.kind, bytes_per_token=bpt, free0_gib=free0,
+        weights_gib=weights, other_gib=other, max_total_num_tokens=tokens, kv_gib=kv,
+        req_to_token_gib=req_to_token, graph_gib=graph, activation_gib=activation,
+        available_gpu_mem_gib=available, max_running_requests=running,
+        max_req_input_len=min(ctx - 1, tokens - 1) - 5, oom_prefill_tokens=oom_tokens,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HiCachePlan:
+    """The host pool one rank allocates; `error` is SGLang's exception line when it cannot."""
+
+    host_tokens: int
+    host_gb: float
+    error: str | None
+
+
+def hicache_plan(
+    profile: Profile,
+    plan: MemoryPlan,
+    *,
+    hicache_size_gb: int,
+    hicache_ratio: float,
+    tp: int = 1,
+    dp: int = 1,
+    pp: int = 1,
+    page_size: int = 1,
+) -> HiCachePlan:
+    """Host pool per rank (size GB, else ratio x device pool) and SGLang's checks on it.
+
+    Ranks allocate their pinned pools one after another out of the same host RAM, so rank k
+    sees `available - k x size`; the first rank that finds `size > available - 10 GiB` raises.
+    That is the per-rank x ranks rule of capacity.hicache_verdict, with SGLang's message.
+    """
+    bpt = plan.bytes_per_token
+    if hicache_size_gb > 0:
+        tokens = math.ceil(hicache_size_gb * GB / bpt)
+    else:
+        tokens = int(plan.max_total_num_tokens * hicache_ratio)
+    tokens = -(-tokens // page_size) * page_size
+    host_bytes = tokens * bpt
+    if tokens <= plan.max_total_num_tokens:
+        msg = "AssertionError: The host memory should be larger than the device memory with the current protocol"
+        return HiCachePlan(tokens, host_bytes / GB, msg)
+    verdict = capacity.hicache_verdict(
+        host_bytes / GB, bpt, plan.max_total_num_tokens, profile.host_available_gb * GB,
+        tp=tp, dp=dp, pp=pp, page_size=page_size,
+    )  # fmt: skip
+    if verdict.feasible:
+        return HiCachePlan(tokens, host_bytes / GB, None)
+    ranks = tp * dp * pp
+    for rank in range(ranks):
+        free = (
+            profile.host_available_gb * GB - rank * host_bytes - capacity.HICACHE_HOST_RESERVE_BYTES
+        )
+        if host_bytes > free:
+            break
+    msg = (
+        f"ValueError: Not enough host memory available. Requesting {host_bytes / GB:.2f} GB but "
+        f"only have {free / GB:.2f} GB free. Please reduce the size of the hierarchical cache."
+    )
+    return HiCachePlan(tokens, host_bytes / GB, msg)
+
+
+# --- the start-up script: log lines at fractions of the simulated start-up time ----------------
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One log line; `scheduler` lines carry SGLang's ` TP0` prefix when TP > 1."""
+
+    text: str
+    scheduler: bool = True
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Lines to print once `at` (0..1) of the start-up time has passed."""
+
+    at: float
+    lines: tuple[LogLine, ...]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How start-up ends when it fails: at which point, what is printed, the exit code."""
+
+    at: float
+    lines: tuple[LogLine, ...]
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Script:
+    """The whole start-up: phases, then either a failure or readiness."""
+
+    phases: tuple[Phase, ...]
+    failure: Failure | None
+    plan: MemoryPlan | None
+    hicache: HiCachePlan | None
+    defaults: Defaults
+    #: when the HTTP port binds (uvicorn starts), as a fraction of start-up
+    bind_at: float = 0.95
+
+
+def _scheduler_crash(at: float, exc_lines: tuple[str, ...]) -> Failure:
+    trace = (
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2711, in run_scheduler_process',
+        "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)",
+    )
+    lines = (*(LogLine(t) for t in (*trace, *exc_lines)), LogLine("", False))
+    return Failure(at, (*lines, LogLine(SIGQUIT_LINE, scheduler=False)), EXIT_CHILD_FAILED)
+
+
+def _cuda_oom(tried_gib: float, total_gib: float, free_gib: float) -> str:
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_gib:.2f} GiB. "
+        f"GPU 0 has a total capacity of {total_gib:.2f} GiB of which {max(free_gib, 0) * 1024:.2f} MiB is free."
+    )
+
+
+def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
+    """The start-up of one command line on one profile: every line, and how it ends."""
+    d = resolve_defaults(ns, profile)
+    tp = ns.tp_size
+    if ns.enable_hierarchical_cache and ns.disable_radix_cache:
+        fail = Failure(0.0, (LogLine(RADIX_HICACHE_MESSAGE, False),), EXIT_MAIN_EXCEPTION)
+        return Script((), fail, None, None, d)
+    plan = plan_memory(
+        profile, tp=tp, dp=ns.dp_size, mfs=d.mem_fraction_static,
+        chunked_prefill_size=d.chunked_prefill_size, max_prefill_tokens=ns.max_prefill_tokens,
+        cuda_graph_max_bs=d.cuda_graph_max_bs, disable_cuda_graph=ns.disable_cuda_graph,
+        page_size=ns.page_size, kv_cache_dtype=ns.kv_cache_dtype,
+        max_total_tokens=ns.max_total_tokens, max_running_requests=ns.max_running_requests,
+        context_len=d.context_len,
+    )  # fmt: skip
+    total = profile.gpu_mem_mib / 1024
+    phases = [Phase(0.02, (LogLine(f"Load weight begin. avail mem={plan.free0_gib:.2f} GB"),))]
+    if plan.verdict == "weights_oom":
+        oom = _cuda_oom(plan.weights_gib / 10, total, plan.free0_gib * 0.05)
+        return Script(tuple(phases), _scheduler_crash(0.3, (oom,)), plan, None, d)
+    phases.append(Phase(0.6, (LogLine(
+        f"Load weight end. type={profile.architecture}, dtype={profile.model_dtype()}, "
+        f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB."
+    ),)))  # fmt: skip
+    if plan.verdict == "not_enough_memory":
+        exc = (
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+            f"Current value: self.server_args.mem_fraction_static={plan.mfs}"
+        )
+        return Script(tuple(phases), _scheduler_crash(0.62, (exc,)), plan, None, d)
+    if plan.verdict == "kv_oom":
+        oom = _cuda_oom(plan.kv_gib, total, plan.avail_after_weights_gib - plan.other_gib)
+        return Script(tuple(phases), _scheduler_crash(0.62, (oom,)), plan, None, d)
+    if plan.kv_kind == "mla":
+        kv_line = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, KV size: {plan.kv_gib:.2f} GB"
+    else:
+        half = plan.kv_gib / 2
+        kv_line = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, K size: {half:.2f} GB, V size: {half:.2f} GB"
+    after_pool = plan.avail_after_kv_gib - plan.req_to_token_gib
+    phases.append(
+        Phase(0.65, (LogLine(kv_line), LogLine(f"Memory pool end. avail mem={after_pool:.2f} GB")))
+    )
+    if not ns.disable_cuda_graph:
+        phases.append(Phase(0.7, (LogLine(
+            "Capture cuda graph begin. This can take up to several minutes. "
+            f"avail mem={after_pool:.2f} GB"
+        ),)))  # fmt: skip
+    if plan.verdict == "graph_oom":
+        tried = max(plan.graph_gib - after_pool, 0.01) + plan.graph_gib / 4
+        exc = (
+            f"Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate {tried:.2f} GiB. "
+            f"GPU 0 has a total capacity of {total:.2f} GiB of which {max(after_pool, 0) * 1024:.2f} MiB is free.",
+            *GRAPH_ADVICE,
+        )
+        return Script(tuple(phases), _scheduler_crash(0.85, exc), plan, None, d)
+    if not ns.disable_cuda_graph:
+        elapsed = profile.startup_s * 0.2
+        phases.append(Phase(0.85, (LogLine(
+            f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage={plan.graph_gib:.2f} GB. "
+            f"avail mem={plan.available_gpu_mem_gib:.2f} GB."
+        ),)))  # fmt: skip
+    hc: HiCachePlan | None = None
+    if ns.enable_hierarchical_cache:
+        hc = hicache_plan(
+            profile, plan, hicache_size_gb=ns.hicache_size, hicache_ratio=ns.hicache_ratio,
+            tp=tp, dp=ns.dp_size, pp=ns.pp_size, page_size=ns.page_size,
+        )  # fmt: skip
+        if hc.error:
+            return Script(tuple(phases), _scheduler_crash(0.9, (hc.error,)), plan, hc, d)
+        phases.append(Phase(0.88, (LogLine(
+            f"Allocating {hc.host_gb:.2f} GB host memory for hierarchical KV cache."
+        ),)))  # fmt: skip
+    phases.append(Phase(0.9, (LogLine(
+        f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={d.chunked_prefill_size}, "
+        f"max_prefill_tokens={ns.max_prefill_tokens}, max_running_requests={plan.max_running_requests}, "
+        f"context_len={d.context_len}, available_gpu_mem={plan.available_gpu_mem_gib:.2f} GB"
+    ),)))  # fmt: skip
+    return Script(tuple(phases), None, plan, hc, d)
+
+
+def bind_error_line(host: str, port: int) -> str:
+    """Uvicorn's message when the port is taken (the HTTP server starts after the model loads)."""
+    return f"ERROR:    [Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use"
