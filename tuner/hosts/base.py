@@ -1,0 +1,226 @@
+"""The `Host` seam: what server.py needs from the machine that runs SGLang.
+
+Two implementations (LocalHost, SSHHost) pass one contract suite
+(tests/integration/test_hosts_contract.py). Both speak the same POSIX shell: `ShellHost` builds
+every helper (signal a group, is it alive, tail a file, is a port free, ...) as a shell command
+from quoted values, so an implementation only has to run a shell script under a deadline, fetch a
+file and close. Linux hosts only (SGLang is Linux-only): helpers read /proc.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from tuner.errors import InfraError
+
+#: a detached process writes its exit status here (`<log>.exit`) when it ends on its own
+EXIT_SUFFIX = ".exit"
+#: "PID NONCE" of the last detached start with this log (makes a retried start idempotent)
+PID_SUFFIX = ".pid"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command left: exit code and both streams (decoded, errors replaced)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@runtime_checkable
+class Host(Protocol):
+    """A machine we can run commands on. All methods raise InfraError subclasses on failure."""
+
+    #: for messages: "local" or "ssh user@host:port"
+    name: str
+    #: where the host's TCP ports are reached from the tuner (HTTP address of the server)
+    address: str
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
+        """Run one command (each argument quoted) under a deadline; CommandTimeout past it."""
+        ...
+
+    def run_shell(self, script: str, *, timeout: float | None = None) -> CommandResult:
+        """Run a bash script (the caller quoted its values) under a deadline."""
+        ...
+
+    def start_detached(self, command: str, *, log_path: str, cwd: str | None = None) -> int:
+        """Start `command` (a shell command line) in its own session; return its pgid (= pid)."""
+        ...
+
+    def signal_group(self, pgid: int, signal: str) -> bool:
+        """Send `signal` (TERM, KILL, 0) to process group `pgid`; False if no such group."""
+        ...
+
+    def group_alive(self, pgid: int) -> bool:
+        """True while any non-zombie process of group `pgid` exists."""
+        ...
+
+    def group_pids(self, pgid: int) -> list[int]:
+        """The live (non-zombie) pids of group `pgid`."""
+        ...
+
+    def cmdline(self, pid: int) -> str | None:
+        """/proc/PID/cmdline with NULs as spaces, or None when the process is gone."""
+        ...
+
+    def read_tail(self, path: str, lines: int = 50) -> list[str]:
+        """The last `lines` lines of a text file ([] if it does not exist)."""
+        ...
+
+    def fetch(self, remote_path: str, local_path: str) -> None:
+        """Copy a file from the host to a local path."""
+        ...
+
+    def port_free(self, port: int) -> bool:
+        """True when nothing listens on TCP `port` (IPv4 or IPv6) on the host."""
+        ...
+
+    def which(self, command: str) -> str | None:
+        """Path of `command` on the host's PATH, or None."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; detached processes keep running."""
+        ...
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """One shell command line from argv, every value quoted."""
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def detached_script(command: str, *, log_path: str, cwd: str | None, nonce: str) -> str:
+    """The shell script that starts `command` so that PID = process group = session.
+
+    `nohup setsid bash -c INNER > log 2>&1 < /dev/null &` makes the server outlive the SSH session
+    (without the redirects the channel never closes). `setsid` only takes effect after an exec,
+    so the script waits until /proc shows pgid == pid before it prints the pid: callers may then
+    signal the group at once. The inner shell records the exit status in `<log>.exit`.
+    The script is idempotent per `nonce`: `<log>.pid` holds "PID NONCE", and a rerun after a
+    dropped connection prints that pid instead of starting a second server.
+    """
+    exit_q = shlex.quote(log_path + EXIT_SUFFIX)
+    pid_q = shlex.quote(log_path + PID_SUFFIX)
+    inner = f"( {command} ); echo $? > {exit_q}"
+    if cwd:
+        inner = f"cd {shlex.quote(cwd)} && {inner}"
+    return (
+        f"if [ -s {pid_q} ] && [ \"$(cut -d' ' -f2 {pid_q})\" = {shlex.quote(nonce)} ]; then "
+        f"cut -d' ' -f1 {pid_q}; exit 0; fi; "
+        f"rm -f {exit_q} {pid_q}; "
+        f"nohup setsid bash -c {shlex.quote(inner)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
+        "p=$!; i=0; "
+        'while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
+        "&& [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; "
+        f'echo "$p {nonce}" > {pid_q}; echo $p'
+    )
+
+
+def group_pids_script(pgid: int) -> str:
+    # ps prints every process; zombies (STAT Z) are dead for our purpose (PID 1 reaps them later)
+    return f"ps -e -o pid=,pgid=,stat= | awk -v g={int(pgid)} '$2 == g && $3 !~ /^Z/ {{print $1}}'"
+
+
+def port_listen_script(port: int) -> str:
+    # /proc/net/tcp{,6}: local address is HEXIP:HEXPORT, state 0A is LISTEN
+    hexport = f"{int(port):04X}"
+    return (
+        f"cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | "
+        f"awk '$2 ~ /:{hexport}$/ && $4 == \"0A\" {{n++}} END {{print n+0}}'"
+    )
+
+
+class ShellHost:
+    """Everything but running a script, fetching a file and closing, built on `run_shell`."""
+
+    name: str = "host"
+    address: str = "127.0.0.1"
+    #: deadline of helper commands (tail, signal, ps ...)
+    command_timeout_s: float = 30.0
+
+    def run_shell(self, script: str, *, timeout: float | None = None) -> CommandResult:
+        raise NotImplementedError
+
+    def fetch(self, remote_path: str, local_path: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Nothing to release by default."""
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
+        """Run one command, each argument quoted, under a deadline."""
+        return self.run_shell(quote_argv(argv), timeout=timeout)
+
+    def start_detached(self, command: str, *, log_path: str, cwd: str | None = None) -> int:
+        """Start `command` in its own session writing to `log_path`; return its pgid."""
+        nonce = secrets.token_hex(8)
+        res = self._checked(detached_script(command, log_path=log_path, cwd=cwd, nonce=nonce))
+        return int(res.stdout.strip().splitlines()[-1])
+
+    def signal_group(self, pgid: int, signal: str) -> bool:
+        """`kill -SIG -- -PGID`; False when the group does not exist."""
+        sig = {"0": "0"}.get(str(signal), str(signal).removeprefix("SIG"))
+        if not sig.isalnum():
+            raise ValueError(f"bad signal name {signal!r}")
+        res = self.run_shell(
+            f"kill -{sig} -- -{int(pgid)} 2>/dev/null", timeout=self.command_timeout_s
+        )
+        return res.ok
+
+    def group_pids(self, pgid: int) -> list[int]:
+        """Live (non-zombie) members of group `pgid`."""
+        res = self._checked(group_pids_script(pgid))
+        return [int(x) for x in res.stdout.split()]
+
+    def group_alive(self, pgid: int) -> bool:
+        """True while a non-zombie member of group `pgid` exists."""
+        return bool(self.group_pids(pgid))
+
+    def cmdline(self, pid: int) -> str | None:
+        """Command line of `pid` (NULs turned to spaces), None if the process is gone."""
+        res = self.run_shell(
+            f"test -e /proc/{int(pid)} && tr '\\0' ' ' < /proc/{int(pid)}/cmdline",
+            timeout=self.command_timeout_s,
+        )
+        return res.stdout.rstrip() if res.ok else None
+
+    def read_tail(self, path: str, lines: int = 50) -> list[str]:
+        """Last `lines` lines of `path`; [] when the file is missing."""
+        q = shlex.quote(path)
+        res = self.run_shell(
+            f"test -f {q} && tail -n {int(lines)} -- {q}", timeout=self.command_timeout_s
+        )
+        return res.stdout.splitlines() if res.ok else []
+
+    def port_free(self, port: int) -> bool:
+        """True when no socket listens on TCP `port`."""
+        res = self._checked(port_listen_script(port))
+        return int(res.stdout.strip() or "0") == 0
+
+    def which(self, command: str) -> str | None:
+        """`command -v`: the path, or None when not on PATH."""
+        res = self.run_shell(
+            f"command -v -- {shlex.quote(command)}", timeout=self.command_timeout_s
+        )
+        out = res.stdout.strip()
+        return out.splitlines()[0] if res.ok and out else None
+
+    def _checked(self, script: str) -> CommandResult:
+        """Run a helper script that must succeed; a failure is the host's, not the user's."""
+        res = self.run_shell(script, timeout=self.command_timeout_s)
+        if not res.ok:
+            raise InfraError(
+                f"{self.name}: helper command failed (exit {res.exit_code}): "
+                f"{(res.stderr or res.stdout).strip()[:200]}"
+            )
+        return res
