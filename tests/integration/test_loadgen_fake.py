@@ -1,0 +1,399 @@
+"""The load client against a tiny SGLang-speaking aiohttp server (real HTTP on 127.0.0.1).
+
+`FakeSGLang` speaks SGLang's streaming formats (sglang-reference.md section 4): native /generate
+with cumulative text and completion_tokens, OpenAI deltas with a final usage chunk, [DONE],
+/flush_cache, /metrics, /v1/models. It runs on its own event loop in a thread (tests) or as a
+subprocess (`python test_loadgen_fake.py [--token-delay S]` prints its port; the benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from tuner.errors import ConfigError, HostUnreachable
+from tuner.loadgen import LoadOptions, make_session, run_load, run_load_sync
+from tuner.metrics import summarize
+from tuner.workload import Request, WorkloadSpec, build_requests
+
+
+@dataclass
+class FakeConfig:
+    token_delay_s: float = 0.0  # sleep between tokens (0: stream as fast as possible)
+    coalesce: int = 1  # tokens per SSE event
+    fail_every: int = 0  # every k-th request answers 500
+    hang_every: int = 0  # every k-th request never answers
+    api_key: str | None = None
+    first_token_delay_s: float = 0.0
+
+
+class FakeSGLang:
+    """A minimal SGLang-compatible server with its own counters."""
+
+    def __init__(self, cfg: FakeConfig | None = None):
+        self.cfg = cfg or FakeConfig()
+        self.n_requests = 0
+        self.gen_tokens = 0
+        self.prompt_tokens = 0
+        self.running = 0
+        self.flushes = 0
+        self.seen_auth: list[str | None] = []
+        self.order: list[tuple[int | None, int]] = []  # (conversation marker, prompt len)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/v1/completions", self.openai)
+        app.router.add_post("/v1/chat/completions", self.openai)
+        app.router.add_post("/flush_cache", self.flush)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
+    async def flush(self, request: web.Request) -> web.Response:
+        self.flushes += 1
+        return web.Response(text="Cache flushed.")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = [
+            "# TYPE sglang:generation_tokens_total counter",
+            f'sglang:generation_tokens_total{{model_name="fake"}} {self.gen_tokens}',
+            f'sglang:prompt_tokens_total{{model_name="fake"}} {self.prompt_tokens}',
+            f'sglang:cached_tokens_total{{model_name="fake"}} {self.prompt_tokens // 2}',
+            f'sglang:num_requests_total{{model_name="fake"}} {self.n_requests}',
+            f'sglang:num_running_reqs{{model_name="fake"}} {self.running}',
+            'sglang:num_queue_reqs{model_name="fake"} 0',
+            f'sglang:token_usage{{model_name="fake"}} {min(1.0, self.running / 10)}',
+            'sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="fake"} 3',
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def _admit(self, request: web.Request) -> tuple[dict, web.Response | None]:
+        auth = request.headers.get("Authorization")
+        self.seen_auth.append(auth)
+        if self.cfg.api_key and auth != f"Bearer {self.cfg.api_key}":
+            return {}, web.json_response({"error": "Unauthorized"}, status=401)
+        body = await request.json()
+        self.n_requests += 1
+        k = self.n_requests
+        if self.cfg.fail_every and k % self.cfg.fail_every == 0:
+            return body, web.json_response({"error": {"message": "boom"}}, status=500)
+        if self.cfg.hang_every and k % self.cfg.hang_every == 0:
+            await asyncio.sleep(3600)
+        return body, None
+
+    async def _stream(self, request: web.Request, events) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.running += 1
+        try:
+            if self.cfg.first_token_delay_s:
+                await asyncio.sleep(self.cfg.first_token_delay_s)
+            for ev in events:
+                await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                if self.cfg.token_delay_s:
+                    await asyncio.sleep(self.cfg.token_delay_s * self.cfg.coalesce)
+            await resp.write(b"data: [DONE]\n\n")
+        finally:
+            self.running -= 1
+        return resp
+
+    def _steps(self, n: int) -> list[int]:
+        c = max(1, self.cfg.coalesce)
+        return [min(i, n) for i in range(c, n + c, c)]
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body, err = await self._admit(request)
+        if err is not None:
+            return err
+        n_in = len(body["input_ids"]) if "input_ids" in body else len(body["text"].split())
+        n = int(body["sampling_params"]["max_new_tokens"])
+        self.order.append((body.get("input_ids", [None])[0], n_in))
+        self.prompt_tokens += n_in
+        self.gen_tokens += n
+
+        def meta(i: int) -> dict:
+            fin = {"type": "length", "length": n} if i == n else None
+            return {
+                "id": "r",
+                "finish_reason": fin,
+                "prompt_tokens": n_in,
+                "completion_tokens": i,
+                "cached_tokens": n_in // 2,
+            }
+
+        if not body.get("stream"):
+            return web.json_response({"text": " t" * n, "meta_info": meta(n)})
+        events = (
+            {"text": " t" * i, "output_ids": [], "meta_info": meta(i)} for i in self._steps(n)
+        )
+        return await self._stream(request, events)
+
+    async def openai(self, request: web.Request) -> web.StreamResponse:
+        body, err = await self._admit(request)
+        if err is not None:
+            return err
+        chat = "messages" in body
+        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        n_in, n = len(prompt.split()), int(body["max_tokens"])
+        self.prompt_tokens += n_in
+        self.gen_tokens += n
+        usage = {"prompt_tokens": n_in, "completion_tokens": n, "total_tokens": n_in + n}
+
+        def chunk(i: int) -> dict:
+            text = " t"  # OpenAI streams one delta per token here
+            choice = {"index": 0, "finish_reason": "length" if i == n else None}
+            choice.update({"delta": {"content": text}} if chat else {"text": text})
+            return {"object": "chunk", "choices": [choice], "usage": None}
+
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"text": " t" * n}], "usage": usage})
+
+        def events():
+            for i in range(1, n + 1):
+                yield chunk(i)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield {"choices": [], "usage": usage}
+
+        return await self._stream(request, events())
+
+
+class ServerThread:
+    """Runs a FakeSGLang on a free port of 127.0.0.1 in a background thread."""
+
+    def __init__(self, fake: FakeSGLang):
+        self.fake = fake
+        self.loop = asyncio.new_event_loop()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.runner = web.AppRunner(fake.app(), handle_signals=False)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.ready = threading.Event()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.SockSite(self.runner, self.sock).start())
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        assert self.ready.wait(timeout=30), "fake server did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def _reqs(n: int = 20, out: int = 8, inp: int = 16, **kw) -> list[Request]:
+    return build_requests(WorkloadSpec(num_requests=n, input_len=inp, output_len=out, **kw))
+
+
+def _opts(**kw) -> LoadOptions:
+    base = {"concurrency": 4, "metrics_interval_s": 0.05, "warmup_requests": 1}
+    base.update(kw)
+    return LoadOptions(**base)
+
+
+@pytest.mark.parametrize("backend", ["sglang", "openai", "openai-chat"])
+@pytest.mark.parametrize("coalesce", [1, 3])
+def test_token_counts_match_server(backend: str, coalesce: int) -> None:
+    fake = FakeSGLang(FakeConfig(coalesce=coalesce, token_delay_s=0.001))
+    reqs = _reqs(24, out=10)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, reqs, _opts(backend=backend))
+    m = res.metrics()
+    assert res.stopped == "done" and m.completed == 24 and m.errors == 0
+    assert m.total_output == sum(r.output_len for r in reqs)
+    # the server's counters saw exactly what the client counted (warm-up excluded)
+    assert res.server is not None and res.server.generation_tokens == m.total_output
+    assert res.server.requests == 24
+    assert all(r.ttft_s is not None and r.ttft_s <= r.latency_s for r in res.records)
+    if backend == "sglang":
+        # native streams are cumulative: one ITL entry per token after the first chunk's
+        first = sum(min(coalesce, r.output_len) for r in reqs)
+        assert sum(len(r.itl_s) for r in res.records) == m.total_output - first
+        assert res.server.cache_hit_rate == pytest.approx(0.5, abs=0.05)
+    assert fake.seen_auth == [None] * len(fake.seen_auth)
+
+
+def test_non_streaming_counts() -> None:
+    fake = FakeSGLang()
+    reqs = _reqs(6, out=5)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, reqs, _opts(stream=False, warmup_requests=0))
+    assert res.metrics().total_output == sum(r.output_len for r in reqs)
+
+
+def test_closed_loop_respects_concurrency() -> None:
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.01))
+    peak = 0
+
+    async def go() -> None:
+        nonlocal peak
+        async with make_session(_opts()) as session:
+            task = asyncio.create_task(
+                run_load(session, srv.url, _reqs(16, out=10, range_ratio=1.0), _opts(concurrency=3))
+            )
+            while not task.done():
+                peak = max(peak, fake.running)
+                await asyncio.sleep(0.002)
+            res = task.result()
+            assert res.metrics().completed == 16
+
+    with ServerThread(fake) as srv:
+        asyncio.run(go())
+    assert peak == 3
+
+
+def test_duration_bound_cancels_and_counts_in_flight() -> None:
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.01))
+    reqs = _reqs(200, out=50, range_ratio=1.0)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, reqs, _opts(duration_s=0.6, concurrency=4))
+    m = res.metrics()
+    assert res.stopped == "duration"
+    assert 0.55 < res.duration_s < 1.5
+    assert m.cancelled == 4 and m.errors == 0
+    assert 0 < m.completed < 200
+    cut = [r for r in res.records if r.cancelled]
+    assert all(0 <= r.output_len < 50 for r in cut)
+    # partial tokens of cut requests count towards output throughput
+    assert m.total_output == 50 * m.completed + sum(r.output_len for r in cut)
+
+
+def test_errors_counted_then_budget_stops_run() -> None:
+    fake = FakeSGLang(FakeConfig(fail_every=5))
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, _reqs(60, out=3), _opts(warmup_requests=0, error_budget=0.3))
+        m = res.metrics()
+        assert res.stopped == "done" and m.errors == 12 and m.completed == 48
+        assert m.error_kinds == {"http 500": 12}
+        assert m.error_rate == pytest.approx(0.2)
+        res = run_load_sync(srv.url, _reqs(60, out=3), _opts(warmup_requests=0, error_budget=0.05))
+    assert res.stopped == "error_budget" and res.flagged
+    assert len(res.records) < 60
+
+
+def test_timeouts_are_records_not_crashes() -> None:
+    fake = FakeSGLang(FakeConfig(hang_every=4))
+    with ServerThread(fake) as srv:
+        res = run_load_sync(
+            srv.url,
+            _reqs(8, out=3),
+            _opts(warmup_requests=0, request_timeout_s=0.5, error_budget=1),
+        )
+    m = res.metrics()
+    assert m.errors == 2 and m.completed == 6 and m.error_kinds == {"timeout": 2}
+
+
+def test_api_key_sent_and_never_in_repr() -> None:
+    fake = FakeSGLang(FakeConfig(api_key="s3cret"))
+    opts = _opts(api_key="s3cret")
+    assert "s3cret" not in repr(opts)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, _reqs(4, out=2), opts)
+        assert res.metrics().completed == 4
+        assert set(fake.seen_auth) == {"Bearer s3cret"}
+        with pytest.raises(ConfigError, match="API key"):
+            run_load_sync(srv.url, _reqs(4, out=2), _opts(api_key="wrong"))
+
+
+def test_unreachable_url_raises_infra_error() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    with pytest.raises(HostUnreachable, match="cannot reach"):
+        run_load_sync(f"http://127.0.0.1:{port}", _reqs(2), _opts())
+
+
+def test_multi_turn_sends_turns_in_order() -> None:
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.002))
+    spec = WorkloadSpec(
+        kind="multi-turn",
+        num_requests=24,
+        turns=4,
+        input_len=8,
+        output_len=6,
+        question_len=3,
+        seed=3,
+    )
+    reqs = build_requests(spec)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, reqs, _opts(concurrency=8, warmup_requests=0))
+    assert res.metrics().completed == 24
+    by_index = {r.index: r for r in reqs}
+    for conv in {r.conversation for r in reqs}:
+        recs = sorted((r for r in res.records if r.conversation == conv), key=lambda r: r.turn)
+        assert [r.turn for r in recs] == [0, 1, 2, 3]
+        for a, b in itertools.pairwise(recs):
+            # turn k+1 starts only after turn k ended
+            assert b.start_s >= a.start_s + a.latency_s - 1e-3
+            assert by_index[b.index].prompt_len > by_index[a.index].prompt_len
+
+
+def test_poisson_rate_is_roughly_honoured() -> None:
+    fake = FakeSGLang()
+    with ServerThread(fake) as srv:
+        res = run_load_sync(
+            srv.url, _reqs(40, out=2), _opts(request_rate=100.0, concurrency=64, warmup_requests=0)
+        )
+    starts = sorted(r.start_s for r in res.records)
+    span = starts[-1] - starts[0]
+    # 39 gaps of mean 10 ms: generous bounds for a loaded 2-core machine
+    assert 0.15 < span < 1.5
+    assert summarize(res.records, res.duration_s).completed == 40
+
+
+def test_flush_cache_is_called() -> None:
+    fake = FakeSGLang()
+    with ServerThread(fake) as srv:
+        run_load_sync(srv.url, _reqs(2), _opts(flush_cache=True, flush_pause_s=0.0))
+    assert fake.flushes == 1
+
+
+def _main() -> None:
+    """Serve a FakeSGLang in this process (for the benchmark); print the port, serve forever."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--token-delay", type=float, default=0.0)
+    ap.add_argument("--coalesce", type=int, default=1)
+    args = ap.parse_args()
+    fake = FakeSGLang(FakeConfig(token_delay_s=args.token_delay, coalesce=args.coalesce))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(sock.getsockname()[1], flush=True)
+
+    async def serve() -> None:
+        runner = web.AppRunner(fake.app(), access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock, backlog=2048).start()
+        while True:
+            await asyncio.sleep(3600)
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
