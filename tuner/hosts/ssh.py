@@ -210,7 +210,7 @@ class SSHHost(ShellHost):
                 retry=retry_if_exception_type(_CONNECTION_ERRORS)
                 & retry_if_not_exception_type(_NEVER_RETRY),
                 stop=stop_after_attempt(max(1, o.reconnect_attempts)),
-                wait=wait_exponential_jitter(initial=0.2, max=5.0),
+                wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
                 reraise=True,
             ):
                 with attempt:

@@ -1,0 +1,208 @@
+"""A real OpenSSH server on 127.0.0.1 for tests, and hosts over it.
+
+`sshd_server` (session fixture) generates host and client keys in a temp dir, writes its own
+sshd_config, known_hosts and client ssh config (aliases `tuner-test` and `tuner-jumped`, the
+latter through ProxyJump), starts `/usr/sbin/sshd -D -e` on a free port in its own process
+group and kills that group (and the per-connection sessions it forked) at teardown.
+The user's ~/.ssh is never read: every SSHOptions built here names its files explicitly.
+
+Without /usr/sbin/sshd the SSH tests fail in CI (CI=true) and skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuner.hosts import LocalHost, SSHHost, SSHOptions
+
+SSHD = "/usr/sbin/sshd"
+
+
+@dataclass(frozen=True)
+class Sshd:
+    """A running test sshd and the files a client needs."""
+
+    port: int
+    pid: int
+    dir: Path
+    client_key: Path
+    known_hosts: Path
+    ssh_config: Path
+
+    def options(self, **over: object) -> SSHOptions:
+        """SSHOptions for root@127.0.0.1 on this sshd, user files never consulted."""
+        base = SSHOptions(
+            host="127.0.0.1",
+            user="root",
+            port=self.port,
+            identity_file=str(self.client_key),
+            known_hosts=str(self.known_hosts),
+            ssh_config="",
+            use_agent=False,
+            look_for_keys=False,
+            connect_timeout_s=5.0,
+            banner_timeout_s=5.0,
+            auth_timeout_s=5.0,
+            channel_timeout_s=5.0,
+            command_timeout_s=20.0,
+            reconnect_attempts=3,
+        )
+        return replace(base, **over)  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    """A port the kernel just handed out on 127.0.0.1 (bind port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_sshd() -> None:
+    """Fail in CI, skip elsewhere, when OpenSSH's server is not installed."""
+    if os.path.exists(SSHD):
+        return
+    msg = f"{SSHD} not found: install Debian's openssh-server to run the SSH tests"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, log: Path, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited {proc.returncode}: {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd did not listen on {port} within {deadline_s} s")
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill sshd's group and the per-connection sessions it forked (each its own group)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    groups = {pid}
+    for c in children:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            groups.add(os.getpgid(c.pid))
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(g, signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A real sshd on a free 127.0.0.1 port, for the whole session."""
+    require_sshd()
+    d = tmp_path_factory.mktemp("sshd")
+    _keygen(d / "host_ed25519")
+    _keygen(d / "client")
+    (d / "authorized_keys").write_text((d / "client.pub").read_text())
+    (d / "authorized_keys").chmod(0o600)
+    os.makedirs("/run/sshd", exist_ok=True)  # privilege separation dir sshd insists on
+    host_pub = (d / "host_ed25519.pub").read_text().split()
+    proc = None
+    for _ in range(3):  # a free port can be taken between bind(0) and sshd's bind: retry
+        port = free_port()
+        (d / "sshd_config").write_text(
+            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_ed25519\n"
+            f"PidFile {d}/sshd.pid\nAuthorizedKeysFile {d}/authorized_keys\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
+            "AllowTcpForwarding yes\nMaxStartups 100\nMaxSessions 50\n"
+            "Subsystem sftp internal-sftp\n"
+        )
+        subprocess.run([SSHD, "-t", "-f", str(d / "sshd_config")], check=True)
+        log = d / "sshd.log"
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
+            stdin=subprocess.DEVNULL,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            _wait_listening(port, proc, log, 10.0)
+            break
+        except RuntimeError:
+            _kill_tree(proc.pid)
+            proc.wait(5)
+            proc = None
+    assert proc is not None, "could not start sshd on a free port"
+    (d / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
+    (d / "ssh_config").write_text(
+        f"Host tuner-test\n  HostName 127.0.0.1\n  Port {port}\n  User root\n"
+        f"  IdentityFile {d}/client\n\n"
+        f"Host tuner-jumped\n  HostName 127.0.0.1\n  Port {port}\n  User root\n"
+        f"  IdentityFile {d}/client\n  ProxyJump tuner-test\n"
+    )
+    try:
+        yield Sshd(port, proc.pid, d, d / "client", d / "known_hosts", d / "ssh_config")
+    finally:
+        _kill_tree(proc.pid)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def any_host(request: pytest.FixtureRequest) -> Iterator[LocalHost | SSHHost]:
+    """The same tests over LocalHost and over SSHHost to the test sshd."""
+    if request.param == "local":
+        host: LocalHost | SSHHost = LocalHost(command_timeout_s=20.0)
+    else:
+        server: Sshd = request.getfixturevalue("sshd_server")
+        host = SSHHost(server.options())
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def assert_group_gone(pgid: int, deadline_s: float = 10.0) -> None:
+    """Every process of group `pgid` has exited (zombies are reaped by PID 1 a moment later)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > end:
+            left = [
+                p.info
+                for p in psutil.process_iter(["pid", "status", "cmdline"])
+                if _pgid(p.pid) == pgid
+            ]
+            raise AssertionError(f"process group {pgid} still has processes: {left}")
+        time.sleep(0.05)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
