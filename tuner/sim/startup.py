@@ -318,7 +318,8 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
         )
         return Script(tuple(phases), _scheduler_crash(0.62, (exc,)), plan, None, d)
     if plan.verdict == "kv_oom":
-        oom = _cuda_oom(plan.kv_gib, total, plan.avail_after_weights_gib - plan.other_gib)
+        free = plan.avail_after_weights_gib - plan.other_gib - plan.req_to_token_gib
+        oom = _cuda_oom(plan.kv_gib, total, free)
         return Script(tuple(phases), _scheduler_crash(0.62, (oom,)), plan, None, d)
     if plan.kv_kind == "mla":
         kv_line = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, KV size: {plan.kv_gib:.2f} GB"
