@@ -183,7 +183,7 @@ class ServerThread:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.runner = web.AppRunner(fake.app(), handle_signals=False)
+        self.runner = web.AppRunner(fake.app(), handle_signals=False, shutdown_timeout=0.2)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.ready = threading.Event()
 

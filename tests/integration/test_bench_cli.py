@@ -1,0 +1,146 @@
+"""`tuner bench` end to end: the real console script against a fake SGLang on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_loadgen_fake import FakeConfig, FakeSGLang, ServerThread
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def tuner(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", "bench", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_bench_writes_bench_serving_json(tmp_path: Path) -> None:
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.001))
+    out = tmp_path / "r.json"
+    with ServerThread(fake) as srv:
+        p = tuner(
+            "--url",
+            srv.url,
+            "--concurrency",
+            "4",
+            "--num-requests",
+            "12",
+            "--input-len",
+            "32",
+            "--output-len",
+            "8",
+            "--range-ratio",
+            "1",
+            "--json",
+            str(out),
+            "--no-progress",
+        )
+    assert p.returncode == 0, p.stderr
+    assert "Serving Benchmark Result" in p.stdout and "Output token throughput" in p.stdout
+    r = json.loads(out.read_text())
+    for key in (
+        "completed",
+        "duration",
+        "request_throughput",
+        "output_throughput",
+        "total_throughput",
+        "total_token_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_itl_ms",
+        "p99_e2e_latency_ms",
+        "p90_ttft_ms",
+        "concurrency",
+        "errors",
+        "self_check",
+        "server",
+    ):
+        assert key in r, key
+    assert r["completed"] == 12 and r["total_output_tokens"] == 96
+    assert r["output_throughput"] == pytest.approx(96 / r["duration"])
+    assert r["server"]["generation_tokens"] == 96
+    assert r["max_concurrency"] == 4 and r["backend"] == "sglang"
+
+
+def test_bench_chat_backend_with_api_key_and_dataset(tmp_path: Path) -> None:
+    fake = FakeSGLang(FakeConfig(api_key="k3y"))
+    out = tmp_path / "r.json"
+    with ServerThread(fake) as srv:
+        p = tuner(
+            "--url",
+            srv.url,
+            "--concurrency",
+            "2",
+            "--backend",
+            "openai-chat",
+            "--workload",
+            "jsonl",
+            "--dataset",
+            str(DATA / "prompts.jsonl"),
+            "--api-key-env",
+            "BENCH_KEY",
+            "--json",
+            str(out),
+            "--no-progress",
+            env={"BENCH_KEY": "k3y"},
+        )
+    assert p.returncode == 0, p.stderr
+    assert "k3y" not in p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert r["completed"] == 3 and r["total_output_tokens"] == 64 + 8 + 256
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--concurrency", "0"], "--concurrency: must be >= 1"),
+        (["--concurrency", "2", "--workload", "jsonl"], "--dataset"),
+        (["--concurrency", "2", "--workload", "jsonl", "--dataset", "BAD"], "prompts_bad.jsonl:3"),
+        (["--concurrency", "2", "--api-key-env", "NO_SUCH_VAR_X"], "NO_SUCH_VAR_X"),
+        (["--concurrency", "2", "--duration", "1", "--num-requests", "3"], "not allowed"),
+        (["--concurrency", "two"], "invalid int"),
+        (["--concurrency", "2", "--input-len", "0"], "--input-len: must be >= 1"),
+    ],
+)
+def test_bad_arguments_one_line_exit_2(argv: list[str], needle: str, tmp_path: Path) -> None:
+    argv = [str(DATA / "prompts_bad.jsonl") if a == "BAD" else a for a in argv]
+    p = tuner("--url", "http://127.0.0.1:9", *argv, "--no-progress")
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr
+
+
+def test_bad_url_is_usage_error() -> None:
+    p = tuner("--url", "localhost:30000", "--concurrency", "1", "--no-progress")
+    assert p.returncode == 2 and "--url" in p.stderr
+
+
+def test_unreachable_url_exit_1_one_line() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = tuner(
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "2",
+        "--no-progress",
+    )
+    assert p.returncode == 1
+    assert "cannot reach" in p.stderr and len(p.stderr.strip().splitlines()) == 1
