@@ -1,0 +1,118 @@
+"""Search space -> distributions and flags; the pre-check's verdicts; launch rendering."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import yaml
+
+from tuner import capacity as cap
+from tuner.config import parse_study
+from tuner.launch import build_launch, flag_args, redact_argv, render_sglang_yaml
+from tuner.precheck import Hardware, Knowledge, precheck
+from tuner.space import canonical, distributions, fingerprint, sample, server_flags
+
+BASE = {"study": "s", "server": {"model-path": "m"}}
+
+
+def cfg(space, **kw):
+    return parse_study({**BASE, "space": space, **kw})
+
+
+def test_float_step_range_is_snapped_for_optuna() -> None:
+    d = distributions(cfg({"mem-fraction-static": {"low": 0.8, "high": 0.95, "step": 0.01}}).space)
+    dist = d["mem-fraction-static"]
+    assert isinstance(dist, optuna.distributions.FloatDistribution)
+    assert dist.high == pytest.approx(0.95) and dist.step == 0.01
+
+
+def test_conditional_param_sampled_only_when_active() -> None:
+    c = cfg({
+        "hicache-size": {"choices": [0, 40]},
+        "hicache-write-policy": {"choices": ["write_through", "write_back"], "when": {"hicache-size": {"gt": 0}}},
+    })  # fmt: skip
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = []
+    for _ in range(20):
+        t = study.ask()
+        p = sample(t, c.space)
+        seen.append(p)
+        study.tell(t, 1.0)
+    assert all(("hicache-write-policy" in p) == (p["hicache-size"] > 0) for p in seen)
+    assert {p["hicache-size"] for p in seen} == {0, 40}
+
+
+def test_server_flags_drop_client_params_and_hicache_when_off() -> None:
+    off = server_flags({"hicache-size": 0, "hicache-write-policy": "write_back", "concurrency": 64})
+    assert off == {}
+    on = server_flags({"hicache-size": 40, "mem-fraction-static": 0.9, "concurrency": 64})
+    assert on == {"hicache-size": 40, "mem-fraction-static": 0.9, "enable-hierarchical-cache": True}
+
+
+def test_canonical_ignores_float_noise_and_order() -> None:
+    assert canonical({"a": 0.86, "b": 1}) == canonical({"b": 1, "a": 0.8600000000000001})
+
+
+def test_fingerprint_changes_with_workload_not_with_budget() -> None:
+    a = cfg({"concurrency": {"low": 1, "high": 8}})
+    b = cfg({"concurrency": {"low": 1, "high": 8}}, budget={"n_trials": 99})
+    c = cfg({"concurrency": {"low": 1, "high": 8}}, workload={"input_len": 7})
+    assert fingerprint(a) == fingerprint(b)
+    assert fingerprint(a)["workload"] != fingerprint(c)["workload"]
+
+
+KIMI = Hardware(bytes_per_token=70_272, gpu_mem_mib=97_887, host_ram_gb=449)
+
+
+def test_precheck_rejects_hicache_beyond_host_ram_per_rank_times_tp() -> None:
+    flags = {"tensor-parallel-size": 8, "mem-fraction-static": 0.85, "hicache-size": 300}
+    v = precheck(flags, KIMI, Knowledge())
+    assert not v.feasible and v.kind == "host_memory" and "2,400 GB" in v.reason
+    assert precheck({**flags, "hicache-size": 50}, KIMI, Knowledge()).feasible
+
+
+def test_precheck_host_pool_must_exceed_device_pool_once_calibrated() -> None:
+    know = Knowledge().with_start(116_171, 0.85)
+    flags = {"tensor-parallel-size": 8, "mem-fraction-static": 0.85, "hicache-size": 2}
+    assert precheck(flags, KIMI, Knowledge()).feasible  # pool unknown: leave it to measurement
+    v = precheck(flags, KIMI, know)
+    assert not v.feasible and "not larger than the device pool" in v.reason
+
+
+def test_precheck_no_pool_after_calibration() -> None:
+    know = Knowledge().with_start(116_171, 0.85)
+    v = precheck({"mem-fraction-static": 0.70}, KIMI, know)
+    assert not v.feasible and v.kind == "not_enough_memory"
+    expected = cap.pool_tokens(
+        0.70, 97_887 * cap.MIB, 0.85 * 97_887 * cap.MIB - 116_171 * 70_272, 70_272
+    )
+    assert str(expected) in v.reason
+
+
+def test_precheck_graph_failure_applies_only_to_same_memory_flags() -> None:
+    know = Knowledge().with_graph_failure(
+        {"mem-fraction-static": 0.93, "cuda-graph-max-bs": 256}, 4
+    )
+    assert not precheck(
+        {"mem-fraction-static": 0.95, "cuda-graph-max-bs": 256}, KIMI, know
+    ).feasible
+    assert precheck({"mem-fraction-static": 0.92, "cuda-graph-max-bs": 256}, KIMI, know).feasible
+    assert precheck({"mem-fraction-static": 0.95, "cuda-graph-max-bs": 64}, KIMI, know).feasible
+
+
+def test_launch_quotes_and_renders_like_sglang() -> None:
+    spec = build_launch(
+        ["python", "-m", "sglang.launch_server"],
+        {"model-path": "x; touch /tmp/owned", "enable-metrics": True, "disable-radix-cache": False,
+         "api-key": "s3cret", "cuda-graph-bs": [1, 2, 4]},
+        30123, {"HF_HOME": "/a b"},
+    )  # fmt: skip
+    cmd = spec.shell_command()
+    assert "'x; touch /tmp/owned'" in cmd and "HF_HOME='/a b'" in cmd
+    assert "--disable-radix-cache" not in cmd and "--cuda-graph-bs 1 2 4" in cmd
+    assert "s3cret" not in " ".join(redact_argv(spec.argv))
+    text = render_sglang_yaml(spec.flags, ["header"])
+    parsed = yaml.safe_load(text)
+    assert parsed["enable-metrics"] is True and "api-key" not in parsed and parsed["port"] == 30123
+    assert text.startswith("# header")
+    assert flag_args({"a": 0.9, "b": None}) == ["--a", "0.9"]

@@ -1,0 +1,216 @@
+"""The study loop with a scripted server and load (fault paths), on real SQLite storage files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.config import parse_study
+from tuner.errors import HostUnreachable, StudyMismatchError
+from tuner.objective import CONSTRAINT_KEYS, TrialRunner
+from tuner.precheck import Hardware
+from tuner.study import Tuning, best_trial, make_sampler, make_storage, open_study, storage_url
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass
+class Start:
+    ok: bool
+    failure: str | None = None
+    reason: str = ""
+    info: dict = field(default_factory=dict)
+    pgid: int | None = 4242
+
+
+class FakeServer:
+    """Starts unless mfs > graph_cliff (CUDA-graph OOM); `drop` raises an infra error once."""
+
+    def __init__(self, graph_cliff: float = 0.93, drop_on: set[int] | None = None):
+        self.graph_cliff = graph_cliff
+        self.restarts: list[dict] = []
+        self.stopped = 0
+        self.drop_on = set(drop_on or ())
+
+    def restart(self, spec, log_path):
+        n = len(self.restarts)
+        self.restarts.append(dict(spec.flags))
+        if n in self.drop_on:
+            self.drop_on.discard(n)
+            raise HostUnreachable("ssh 127.0.0.1:22: connection dropped")
+        mfs = float(spec.flags.get("mem-fraction-static", 0.8))
+        if mfs > self.graph_cliff:
+            return Start(False, "oom_cuda_graph", "Capture cuda graph failed: CUDA out of memory")
+        tokens = int((mfs - 0.5) * 1_000_000)
+        return Start(True, info={"max_total_num_tokens": tokens, "mem_fraction_static": mfs})
+
+    def check(self):
+        return None
+
+    def stop(self):
+        self.stopped += 1
+
+    def fetch_log(self, local_path):
+        Path(local_path).write_text("log\n")
+
+
+@dataclass
+class Load:
+    records: tuple = ()
+    duration_s: float = 1.0
+    stopped: str = "done"
+    flagged: bool = False
+    throughput: float = 0.0
+    ttft: float = 0.0
+
+
+def make_runner(cfg, server):
+    state: dict[str, Any] = {}
+
+    def run_load(url: str, concurrency: int) -> Load:
+        mfs = float(state["flags"].get("mem-fraction-static", 0.8))
+        capacity = (mfs - 0.5) * 400
+        tput = min(concurrency, capacity) * 10.0
+        return Load(throughput=tput, ttft=max(0.0, concurrency - capacity) * 100.0)
+
+    def score(load: Load) -> dict:
+        return {"output_throughput": load.throughput, "p99_ttft_ms": load.ttft, "error_rate": 0.0}
+
+    runner = TrialRunner(cfg, server, run_load, score, "http://127.0.0.1:1", Hardware(), None)
+    original = runner.flags_for
+
+    def flags_for(params):
+        state["flags"] = original(params)
+        return state["flags"]
+
+    runner.flags_for = flags_for  # lets the scripted load see the server's flags
+    return runner
+
+
+STUDY = {
+    "study": "unit",
+    "server": {"model-path": "m", "tensor-parallel-size": 1},
+    "space": {
+        "mem-fraction-static": {"low": 0.80, "high": 0.96, "step": 0.02},
+        "concurrency": {"choices": [16, 32, 64, 128]},
+    },
+    "objective": {"slo": {"p99_ttft_ms": 5000}},
+    "sampler": {"seed": 1, "n_startup_trials": 4},
+    "budget": {"confirm_top": 0},
+}
+
+
+def setup(tmp_path: Path, data=None, server=None):
+    cfg = parse_study(data or STUDY, "unit.yaml")
+    storage = make_storage(storage_url(cfg, tmp_path), 2)
+    study = open_study(cfg, storage, make_sampler(cfg))
+    server = server or FakeServer()
+    runner = make_runner(cfg, server)
+    return cfg, study, server, Tuning(cfg, study, runner, tmp_path / "trials", worker="w1")
+
+
+def test_study_completes_with_same_constraint_keys(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(10, None)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(done) == 10
+    assert all(set(t.constraints) == set(CONSTRAINT_KEYS) for t in done)
+    best, summary = best_trial(study)
+    assert best is not None and all(v <= 0 for v in best.constraints.values())
+    assert summary["mean"] == best.values[0] > 0
+    assert (tmp_path / "trials" / "0" / "metrics.json").exists()
+
+
+def test_graph_failure_is_learned_and_higher_mfs_rejected_without_launch(tmp_path: Path) -> None:
+    data = {**STUDY, "space": {"mem-fraction-static": {"choices": [0.94, 0.96, 0.90]},
+                               "concurrency": {"choices": [16]}}}  # fmt: skip
+    cfg, study, server, tuning = setup(tmp_path, data)
+    for mfs in (0.94, 0.96, 0.90):
+        study.enqueue_trial({"mem-fraction-static": mfs, "concurrency": 16})
+    tuning.optimize(3, None)
+    by_mfs = {t.params["mem-fraction-static"]: t for t in study.trials}
+    assert by_mfs[0.94].user_attrs["failure"] == "oom_cuda_graph"
+    assert by_mfs[0.96].user_attrs["status"] == "rejected"  # no restart spent
+    assert "0.94" in by_mfs[0.96].user_attrs["reason"]
+    assert [r["mem-fraction-static"] for r in server.restarts] == [0.94, 0.90]
+    assert by_mfs[0.94].constraints["c_start"] > 0 and by_mfs[0.90].constraints["c_start"] < 0
+
+
+def test_concurrency_only_change_reuses_the_server(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    for c in (16, 32, 64):
+        study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": c})
+    tuning.optimize(3, None)
+    assert len(server.restarts) == 1
+    assert tuning.runner.reuses == 2
+
+
+def test_duplicate_config_answered_from_earlier_trial(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    for _ in range(2):
+        study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
+    tuning.optimize(2, None)
+    a, b = study.trials
+    assert b.user_attrs["duplicate_of"] == a.number and b.values == a.values
+    assert len(server.restarts) == 1
+
+
+def test_infra_failure_fails_and_reenqueues_bounded(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path, server=FakeServer(drop_on={0}))
+    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
+    tuning.optimize(1, None)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.COMPLETE]
+    assert study.trials[1].params == study.trials[0].params
+    assert study.trials[1].user_attrs["retry_of"] == 0
+
+
+def test_budget_counts_completed_trials_across_resumes(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(3, None)
+    cfg, study, server, tuning = setup(tmp_path)  # a new process, same storage
+    tuning.optimize(5, None)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 5
+    tuning.optimize(5, None)  # nothing left to do
+    assert len(study.trials) == 5
+
+
+def test_changed_study_file_refused_on_resume(tmp_path: Path) -> None:
+    setup(tmp_path)[3].optimize(1, None)
+    changed = {**STUDY, "space": {**STUDY["space"], "concurrency": {"choices": [8, 16]}}}
+    with pytest.raises(StudyMismatchError, match="different space"):
+        setup(tmp_path, changed)
+
+
+def test_zombie_trial_of_this_worker_is_failed_stopped_and_reenqueued(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    zombie = study.ask()
+    zombie.suggest_float("mem-fraction-static", 0.80, 0.96, step=0.02)
+    zombie.suggest_categorical("concurrency", [16, 32, 64, 128])
+    zombie.set_user_attr("worker", "w1")
+    zombie.set_user_attr("server_pgid", 999_999)
+    other = study.ask()
+    other.set_user_attr("worker", "someone-else")
+    stopped: list[int] = []
+    tuning.stop_group = stopped.append
+    assert tuning.recover() == [zombie.number]
+    assert stopped == [999_999]
+    assert study.trials[zombie.number].state == TrialState.FAIL
+    assert study.trials[other.number].state == TrialState.RUNNING  # its heartbeat decides
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    # a WAITING trial holds its enqueued params in system_attrs until it runs
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [study.trials[zombie.number].params]
+
+
+def test_confirmation_reruns_top_configs(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(6, None)
+    confirmations = tuning.confirm(top=2, repeats=2)
+    assert len(confirmations) == 2 and all(len(v) == 2 for v in confirmations.values())
+    best, summary = best_trial(study)
+    assert str(best.number) in confirmations and len(summary["runs"]) == 3

@@ -1,0 +1,174 @@
+"""Search space: study-file params -> optuna distributions and sampled values. Pure.
+
+Imports only `optuna.distributions` (pure data classes), never storage or samplers. Conditional
+parameters (`when:`) are sampled only when their condition holds; otherwise they are absent from
+the trial's params, so optuna's samplers treat them as inactive rather than as noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig
+
+#: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
+HICACHE_FLAG_PREFIX = "hicache-"
+_OPS = {
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "ne": lambda a, b: a != b,
+}
+
+
+class Suggester(Protocol):
+    """The part of `optuna.Trial` that sampling needs (a seam for tests)."""
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
+    def suggest_int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False
+    ) -> int: ...
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+
+def _suggest(trial: Suggester, name: str, dist: BaseDistribution) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+    assert isinstance(dist, FloatDistribution)
+    return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+def distribution(spec: ParamSpec) -> BaseDistribution:
+    """The optuna distribution of one parameter spec."""
+    kind = spec.kind
+    if kind == "bool":
+        return CategoricalDistribution([False, True])
+    if kind == "categorical":
+        return CategoricalDistribution(list(spec.choices or []))
+    assert spec.low is not None and spec.high is not None  # guaranteed by ParamSpec
+    if kind == "int":
+        step = int(spec.step or 1)
+        high = int(spec.low) + (int(spec.high) - int(spec.low)) // step * step
+        return IntDistribution(int(spec.low), high, log=spec.log, step=step)
+    if spec.step:
+        # optuna wants high - low to be a multiple of step; round away float noise (0.80..0.95 by 0.01)
+        n = round((spec.high - spec.low) / spec.step)
+        return FloatDistribution(spec.low, round(spec.low + n * spec.step, 10), step=spec.step)
+    return FloatDistribution(spec.low, spec.high, log=spec.log)
+
+
+def distributions(space: Mapping[str, ParamSpec]) -> dict[str, BaseDistribution]:
+    return {name: distribution(spec) for name, spec in space.items()}
+
+
+def condition_holds(when: Mapping[str, Any] | None, params: Mapping[str, Any]) -> bool:
+    """Does `when:` hold for the params sampled so far? A missing (inactive) dependency fails."""
+    for dep, cond in (when or {}).items():
+        if dep not in params:
+            return False
+        value = params[dep]
+        if isinstance(cond, Mapping):
+            if not all(_OPS[op](value, ref) for op, ref in cond.items()):
+                return False
+        elif isinstance(cond, list):
+            if value not in cond:
+                return False
+        elif value != cond:
+            return False
+    return True
+
+
+def ordered(space: Mapping[str, ParamSpec]) -> list[str]:
+    """Parameters with every `when:` dependency before its dependents (cycles are config errors)."""
+    done: list[str] = []
+    pending = dict(space)
+    while pending:
+        ready = [n for n, s in pending.items() if all(d in done for d in (s.when or {}))]
+        if not ready:
+            raise ValueError(f"space: circular `when:` between {', '.join(sorted(pending))}")
+        for name in ready:
+            done.append(name)
+            del pending[name]
+    return done
+
+
+def sample(trial: Suggester, space: Mapping[str, ParamSpec]) -> dict[str, Any]:
+    """Ask the trial for every active parameter, in dependency order."""
+    dists = distributions(space)
+    params: dict[str, Any] = {}
+    for name in ordered(space):
+        if condition_holds(space[name].when, params):
+            params[name] = _suggest(trial, name, dists[name])
+    return params
+
+
+def active_params(params: Mapping[str, Any], space: Mapping[str, ParamSpec]) -> dict[str, Any]:
+    """Drop parameters whose condition fails (e.g. a baseline that names an inactive one)."""
+    out: dict[str, Any] = {}
+    for name in ordered(space):
+        if name in params and condition_holds(space[name].when, out):
+            out[name] = params[name]
+    return out
+
+
+def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The SGLang flags a trial's params ask for (client-side params removed).
+
+    `hicache-size: 0` means HiCache off: the size and every other `hicache-*` flag are dropped.
+    A positive size turns `enable-hierarchical-cache` on.
+    """
+    flags = {k: v for k, v in params.items() if k not in CLIENT_PARAMS}
+    size = flags.get("hicache-size")
+    if size is not None:
+        if not size:
+            flags = {k: v for k, v in flags.items() if not k.startswith(HICACHE_FLAG_PREFIX)}
+        else:
+            flags["enable-hierarchical-cache"] = True
+    return flags
+
+
+def client_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k in CLIENT_PARAMS}
+
+
+def canonical(params: Mapping[str, Any]) -> str:
+    """A stable key for a configuration: equal configs measured twice are answered once."""
+    return json.dumps({k: _plain(v) for k, v in sorted(params.items())}, sort_keys=True)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 9)
+    return v
+
+
+def fingerprint(cfg: StudyConfig) -> dict[str, str]:
+    """Hashes of what makes trial results comparable; resuming with any of them changed is refused."""
+    parts = {
+        "space": cfg.model_dump(include={"space"}, mode="json"),
+        "server": cfg.server,
+        "workload": cfg.workload.model_dump(mode="json"),
+        "objective": cfg.objective.model_dump(mode="json"),
+        "target": {"host": cfg.target.host, "launch": cfg.target.launch, "gpus": cfg.target.gpus},
+    }
+    return {
+        name: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[
+            :16
+        ]
+        for name, value in parts.items()
+    }

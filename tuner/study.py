@@ -1,0 +1,353 @@
+"""The optuna study: storage, resume, fingerprint, zombies, retries, dedupe, budgets, confirmation.
+
+Outcomes map to optuna states in one place (`Tuning.objective`, per library-notes.md):
+
+    measured (feasible or SLO missed), rejected by the pre-check,
+    failed to start or died for the config's sake   -> COMPLETE, constraints say feasible or not
+    infrastructure failure, or a load run not trusted -> FAIL, params re-enqueued (bounded)
+    interrupted (Ctrl-C / SIGTERM)                   -> FAIL, server stopped, exit 130
+    a config already measured                        -> COMPLETE, copied from the earlier trial
+"""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.samplers import BaseSampler
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.study import MaxTrialsCallback
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from tuner.config import StudyConfig
+from tuner.errors import ConfigError, InfraError, StudyMismatchError
+from tuner.objective import CONSTRAINT_KEYS, TrialOutcome, TrialRunner
+from tuner.space import active_params, canonical, distributions, fingerprint, sample
+
+HEARTBEAT_S = 30
+GRACE_S = 120
+FINGERPRINT_ATTR = "tuner:fingerprint"
+CONFIRM_ATTR = "tuner:confirmations"
+SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
+
+
+def study_dir(cfg: StudyConfig, runs_dir: Path) -> Path:
+    return runs_dir / cfg.study
+
+
+def storage_url(cfg: StudyConfig, runs_dir: Path, override: str | None = None) -> str:
+    """`--storage`, else the study file's `storage:`, else SQLite in runs/<study>/study.db."""
+    url = override or cfg.storage
+    if url:
+        return url
+    return f"sqlite:///{(study_dir(cfg, runs_dir) / 'study.db').resolve()}"
+
+
+def make_storage(url: str, infra_retries: int) -> RDBStorage:
+    """RDBStorage with a heartbeat, so a killed worker's trial becomes FAIL and is retried."""
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        kwargs = {"connect_args": {"timeout": 20}}
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        # the heartbeat is "experimental" since optuna 2.8; it is the documented way to resume
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RDBStorage(
+            url,
+            engine_kwargs=kwargs,
+            heartbeat_interval=HEARTBEAT_S,
+            grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                max_retry=infra_retries
+            ),
+        )
+
+
+def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
+    s = cfg.sampler
+    seed = s.seed if seed is None else seed
+    if s.name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=s.n_startup_trials, multivariate=True, constant_liar=True
+        )
+    if s.name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if s.name == "qmc":
+        return optuna.samplers.QMCSampler(seed=seed, scramble=True)
+    if s.name == "gp":
+        try:
+            import scipy  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "GPSampler needs torch and scipy installed", key="sampler.name"
+            ) from None
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=s.n_startup_trials)
+    return optuna.samplers.GridSampler(_grid(cfg), seed=seed)
+
+
+def _grid(cfg: StudyConfig) -> dict[str, list[Any]]:
+    grid: dict[str, list[Any]] = {}
+    for name, dist in distributions(cfg.space).items():
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
+            grid[name] = list(dist.choices)
+        elif getattr(dist, "step", None) and not getattr(dist, "log", False):
+            n = round((dist.high - dist.low) / dist.step)
+            grid[name] = [type(dist.low)(round(dist.low + i * dist.step, 10)) for i in range(n + 1)]
+        else:
+            raise ConfigError("grid search needs a step (or choices)", key=f"space.{name}")
+    return grid
+
+
+def directions(cfg: StudyConfig) -> list[str]:
+    return ["maximize", "minimize"] if cfg.objective.pareto_latency else ["maximize"]
+
+
+def open_study(
+    cfg: StudyConfig, storage: optuna.storages.BaseStorage, sampler: BaseSampler
+) -> optuna.Study:
+    """Create the study, or load it after checking it was made from an equivalent study file."""
+    study = optuna.create_study(
+        study_name=cfg.study, storage=storage, sampler=sampler, directions=directions(cfg),
+        load_if_exists=True,
+    )  # fmt: skip
+    mine = fingerprint(cfg)
+    theirs = study.user_attrs.get(FINGERPRINT_ATTR)
+    if theirs is None:
+        study.set_user_attr(FINGERPRINT_ATTR, mine)
+    elif theirs != mine:
+        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        raise StudyMismatchError(
+            f"{cfg.source}: study '{cfg.study}' exists with a different {', '.join(changed)}; "
+            "its trials would not be comparable. Give the study a new `study:` name "
+            "(or another --runs-dir / --storage) to start afresh"
+        )
+    return study
+
+
+def completed(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+@dataclass
+class TuneStats:
+    launched: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    infra_failures: int = 0
+    reused: int = 0
+
+
+class Tuning:
+    """Drives one `tuner tune` run: optuna asks, the runner measures, outcomes become states."""
+
+    def __init__(
+        self,
+        cfg: StudyConfig,
+        study: optuna.Study,
+        runner: TrialRunner,
+        trials_dir: Path,
+        worker: str | None = None,
+        on_trial: Callable[[FrozenTrial], None] | None = None,
+        stop_group: Callable[[int], None] | None = None,
+    ):
+        self.cfg = cfg
+        self.study = study
+        self.runner = runner
+        self.trials_dir = trials_dir
+        self.worker = worker or f"{socket.gethostname()}"
+        self.on_trial = on_trial
+        self.stop_group = stop_group
+        self.stats = TuneStats()
+
+    # --- start-up ---------------------------------------------------------------------------
+
+    def recover(self) -> list[int]:
+        """Fail this worker's zombie trials, stop the servers they left, re-enqueue their params."""
+        recovered = []
+        left = self.study.user_attrs.get(SERVER_ATTR + self.worker)
+        if left and self.stop_group:
+            self.stop_group(int(left))
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.user_attrs.get("worker") != self.worker:
+                continue  # another worker's: its heartbeat decides
+            pgid = t.user_attrs.get("server_pgid")
+            if pgid and self.stop_group:
+                self.stop_group(int(pgid))
+            self.study.tell(t.number, state=TrialState.FAIL)
+            self.study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+            recovered.append(t.number)
+        self.study.set_user_attr(SERVER_ATTR + self.worker, None)
+        return recovered
+
+    def enqueue_baseline(self) -> None:
+        """Trial 0 is what runs today: the study file's baseline (or the sampler's first pick)."""
+        if self.cfg.baseline and not self.study.trials:
+            params = active_params(self.cfg.baseline, self.cfg.space)
+            self.study.enqueue_trial(params, user_attrs={"baseline": True})
+
+    def remaining(self, n_trials: int) -> int:
+        return max(0, n_trials - len(completed(self.study)))
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def optimize(self, n_trials: int, timeout_s: float | None) -> None:
+        """Run until `n_trials` trials are complete in the study (across resumes) or time is up."""
+        if self.remaining(n_trials) == 0:
+            return
+        try:
+            self.study.optimize(
+                self.objective,
+                timeout=timeout_s,
+                catch=(InfraError,),
+                callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)), self._after],
+                gc_after_trial=False,
+            )
+        finally:
+            self.runner.stop()
+            self.study.set_user_attr(SERVER_ATTR + self.worker, None)
+
+    def objective(self, trial: Trial) -> float | tuple[float, ...]:
+        """optuna's objective: sample, dedupe, run, and record."""
+        params = sample(trial, self.cfg.space)
+        trial.set_user_attr("worker", self.worker)
+        earlier = self._measured(params, trial.number)
+        if earlier is not None:
+            self.stats.duplicates += 1
+            trial.set_user_attr("duplicate_of", earlier.number)
+            for k in ("status", "reason", "metrics", "server_info", "failure"):
+                if k in earlier.user_attrs:
+                    trial.set_user_attr(k, earlier.user_attrs[k])
+            for key in CONSTRAINT_KEYS:
+                trial.set_constraint(key, earlier.constraints.get(key, 1.0))
+            return _ret(tuple(earlier.values))
+        try:
+            outcome = self.runner.run(
+                trial.number,
+                params,
+                self.trials_dir / str(trial.number),
+                on_start=self._started(trial),
+            )
+        except InfraError as exc:
+            self.stats.infra_failures += 1
+            trial.set_user_attr("infra_error", str(exc))
+            raise
+        return self.record(trial, outcome)
+
+    def record(self, trial: Trial, outcome: TrialOutcome) -> float | tuple[float, ...]:
+        attrs = outcome.attrs()
+        for key in (
+            "status",
+            "reason",
+            "failure",
+            "metrics",
+            "server_info",
+            "restarted",
+            "launched",
+        ):
+            trial.set_user_attr(key, attrs[key])
+        if outcome.status == "rejected":
+            self.stats.rejected += 1
+        if outcome.launched:
+            self.stats.launched += 1
+        if outcome.status == "flagged":
+            self.stats.infra_failures += 1
+            trial.set_user_attr("infra_error", outcome.reason)
+            raise _Untrusted(outcome.reason)
+        for key in CONSTRAINT_KEYS:
+            trial.set_constraint(key, outcome.constraints[key])
+        return _ret(outcome.values)
+
+    def _started(self, trial: Trial) -> Callable[[int | None], None]:
+        def on_start(pgid: int | None) -> None:
+            if pgid:
+                trial.set_user_attr("server_pgid", pgid)
+                self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)
+
+        return on_start
+
+    def _measured(self, params: Mapping[str, Any], number: int) -> FrozenTrial | None:
+        key = canonical(params)
+        for t in completed(self.study):
+            if t.number != number and canonical(t.params) == key and t.values is not None:
+                return t
+        return None
+
+    def _after(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Re-enqueue the params of a trial the infrastructure failed, a bounded number of times."""
+        if trial.state == TrialState.FAIL and "infra_error" in trial.user_attrs:
+            retries = int(trial.user_attrs.get("retries", 0))
+            if retries < self.cfg.budget.infra_retries:
+                study.enqueue_trial(
+                    dict(trial.params),
+                    user_attrs={"retries": retries + 1, "retry_of": trial.number},
+                )
+        if self.on_trial:
+            self.on_trial(trial)
+
+    # --- confirmation -----------------------------------------------------------------------
+
+    def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
+        """Re-run the best few feasible configs `repeats` times; the study keeps every value."""
+        confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(CONFIRM_ATTR) or {})
+        for t in top_trials(self.study, top):
+            runs = confirmations.setdefault(str(t.number), [])
+            while len(runs) < repeats:
+                outcome = self.runner.run(
+                    t.number, dict(t.params), self.trials_dir / f"{t.number}-confirm{len(runs) + 1}"
+                )
+                runs.append(outcome.values[0] if outcome.feasible else 0.0)
+                self.study.set_user_attr(CONFIRM_ATTR, confirmations)
+        self.runner.stop()
+        return confirmations
+
+
+class _Untrusted(InfraError):
+    """The load run flagged itself (client lag, error budget): discard, do not learn from it."""
+
+
+def _ret(values: tuple[float, ...]) -> float | tuple[float, ...]:
+    return values[0] if len(values) == 1 else values
+
+
+def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
+    return [
+        t
+        for t in completed(study)
+        if t.values is not None and all(v <= 0 for v in t.constraints.values())
+        and "duplicate_of" not in t.user_attrs
+    ]  # fmt: skip
+
+
+def top_trials(study: optuna.Study, top: int) -> list[FrozenTrial]:
+    """The best `top` feasible trials by the first objective, one per distinct configuration."""
+    seen: set[str] = set()
+    out = []
+    for t in sorted(feasible_trials(study), key=lambda t: t.values[0], reverse=True):
+        key = canonical(t.params)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out[:top]
+
+
+def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]:
+    """The winner: highest mean of first measurement and confirmations; with the spread."""
+    confirmations = study.user_attrs.get(CONFIRM_ATTR) or {}
+    best, summary = None, {}
+    for t in top_trials(study, max(len(confirmations), 1)):
+        runs = [t.values[0], *confirmations.get(str(t.number), [])]
+        mean = sum(runs) / len(runs)
+        if best is None or mean > summary["mean"]:
+            best = t
+            summary = {
+                "mean": mean,
+                "runs": runs,
+                "spread_pct": 100 * (max(runs) - min(runs)) / mean if mean else 0.0,
+            }
+    return best, summary
