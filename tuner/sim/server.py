@@ -363,7 +363,7 @@ class SimServer:
     def release(self, st: ReqState) -> None:
         """Forget a request; abort it in the engine if the client left before it finished."""
         self.requests.pop(st.rid, None)
-        if not st.finished and self.engine is not None:
+        if not st.finished and self.engine is not None and self.crash is None:
             self.engine.abort(st.rid)
 
     @web.middleware
@@ -378,9 +378,12 @@ class SimServer:
             resp = await handler(request)
         finally:
             self.inflight -= 1
-        peer = request.remote or "127.0.0.1"
         if self.state != "starting" and path not in ("/health", "/metrics"):
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            where = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
+            reason = getattr(resp, "reason", "") or ""
             self.log(
-                f'INFO:     {peer}:0 - "{request.method} {path} HTTP/1.1" {resp.status}', raw=True
+                f'INFO:     {where} - "{request.method} {path} HTTP/1.1" {resp.status} {reason}',
+                raw=True,
             )
         return resp
