@@ -6,9 +6,10 @@ Definitions follow SGLang's bench_serving (sglang-reference.md section 7):
   TPOT = (latency - ttft) / (output_len - 1) for output_len > 1; ITL = inter-chunk gap / new
   tokens in the chunk; E2E = latency; concurrency = sum(latency) / dur. Times reported in ms.
 
-One extension: a run bounded by duration cancels its in-flight requests at the deadline. Their
-tokens were generated inside the window, so they count towards output/total throughput (as the
-server's own counters do), but not towards `completed` or the latency statistics.
+One extension: a run bounded by duration cancels its in-flight requests at the deadline. As in
+bench_serving (and SGLang's counters, which count a request when it finishes), throughputs count
+completed requests only; the tokens the cut requests had received are reported apart
+(`cut_output`, and `window_output_throughput` = all tokens received in the window / dur).
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ class Metrics:
     cancelled: int
     total_input: int
     total_output: int
+    cut_output: int
     request_throughput: float
     input_throughput: float
     output_throughput: float
     total_throughput: float
+    window_output_throughput: float
     concurrency: float
     ttft_ms: Stats
     tpot_ms: Stats
@@ -120,10 +123,9 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Metrics:
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok and not r.cancelled]
     cancelled = [r for r in records if r.cancelled]
-    # a cancelled request counts its prompt only if the server got as far as a first token
-    partial = [r for r in cancelled if r.output_len > 0]
-    total_in = sum(r.prompt_len for r in done) + sum(r.prompt_len for r in partial)
-    total_out = sum(r.output_len for r in done) + sum(r.output_len for r in partial)
+    total_in = sum(r.prompt_len for r in done)
+    total_out = sum(r.output_len for r in done)
+    cut_out = sum(r.output_len for r in cancelled)
     kinds: dict[str, int] = {}
     for r in failed:
         key = (r.error or "error").split(":", 1)[0]
@@ -141,10 +143,12 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Metrics:
         cancelled=len(cancelled),
         total_input=total_in,
         total_output=total_out,
+        cut_output=cut_out,
         request_throughput=rate(len(done)),
         input_throughput=rate(total_in),
         output_throughput=rate(total_out),
         total_throughput=rate(total_in + total_out),
+        window_output_throughput=rate(total_out + cut_out),
         concurrency=rate(sum(r.latency_s for r in done)),
         ttft_ms=stats_ms(r.ttft_s for r in done if r.ttft_s is not None),
         tpot_ms=stats_ms(tpots),
@@ -196,6 +200,8 @@ def bench_serving_json(m: Metrics) -> dict[str, float | int]:
         "errors": m.errors,
         "error_rate": m.error_rate,
         "cancelled": m.cancelled,
+        "cut_output_tokens": m.cut_output,
+        "window_output_throughput": m.window_output_throughput,
     }
     for name, s in (
         ("ttft", m.ttft_ms),

@@ -75,8 +75,10 @@ def test_errors_and_cancelled_requests() -> None:
     assert (m.completed, m.errors, m.cancelled) == (1, 3, 2)
     assert m.error_kinds == {"http 500": 1, "timeout": 2}
     assert m.error_rate == pytest.approx(0.75)
-    # cut requests add the tokens they produced (and their prompt once prefilled), not latencies
-    assert m.total_output == 7 and m.total_input == 110
+    # as bench_serving, only completed requests count; cut tokens are reported apart
+    assert m.total_output == 4 and m.total_input == 10 and m.cut_output == 3
+    assert m.output_throughput == pytest.approx(2.0)
+    assert m.window_output_throughput == pytest.approx(3.5)
     assert m.e2e_ms.n == 1 and m.concurrency == pytest.approx(0.5)
 
 

@@ -188,6 +188,9 @@ def _print_summary(out: dict[str, Any]) -> None:
     row("Output token throughput (tok/s)", "output_throughput")
     row("Total token throughput (tok/s)", "total_throughput")
     row("Concurrency", "concurrency")
+    if out.get("cancelled"):
+        row("Tokens of cut requests", "cut_output_tokens", "{}")
+        row("Window output throughput (tok/s)", "window_output_throughput")
     for title, key in (
         ("E2E latency", "e2e_latency"),
         ("TTFT", "ttft"),

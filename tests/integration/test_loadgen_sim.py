@@ -1,0 +1,97 @@
+"""The load client against the real simulator subprocess (`tuner sim`, real HTTP on 127.0.0.1).
+
+The server's own counters are the referee: what the client counts must be what the server
+says it generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from simproc import SimProc, sim_server
+
+from tuner.loadgen import LoadOptions, run_load_sync
+from tuner.workload import WorkloadSpec, build_requests
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimProc]:
+    with sim_server(
+        "--sim-profile", "llama-3.1-8b-h100", "--enable-metrics", "--sim-seed", "1"
+    ) as s:
+        yield s
+
+
+def _opts(**kw) -> LoadOptions:
+    return LoadOptions(**{"concurrency": 16, "metrics_interval_s": 0.2, **kw})
+
+
+@pytest.mark.parametrize("backend", ["sglang", "openai", "openai-chat"])
+def test_client_tokens_equal_server_generation_delta(sim: SimProc, backend: str) -> None:
+    reqs = build_requests(WorkloadSpec(num_requests=48, input_len=200, output_len=48, seed=2))
+    res = run_load_sync(sim.url, reqs, _opts(backend=backend))
+    m = res.metrics()
+    assert res.stopped == "done" and m.completed == 48 and m.errors == 0
+    assert m.total_output == sum(r.output_len for r in reqs)  # ignore_eos: exact lengths
+    assert res.server is not None
+    assert res.server.generation_tokens == m.total_output
+    assert res.server.requests == 48
+    # the throughput the client reports is the server's delta over the run, within 2%
+    server_rate = res.server.generation_tokens / res.duration_s
+    assert m.output_throughput == pytest.approx(server_rate, rel=0.02)
+    assert res.server.samples >= 1 and res.server.mean_running_reqs is not None
+    assert res.self_check.ok, res.self_check.reasons
+    assert m.ttft_ms.mean > 0 and m.itl_ms.n > 0 and m.concurrency > 1
+
+
+def test_shared_prefix_hits_the_server_cache_random_does_not(sim: SimProc) -> None:
+    shared = WorkloadSpec(
+        kind="shared-prefix",
+        num_groups=4,
+        prompts_per_group=8,
+        prefix_len=400,
+        question_len=20,
+        output_len=8,
+        seed=3,
+    )
+    res = run_load_sync(sim.url, build_requests(shared), _opts(flush_cache=True, flush_pause_s=0.1))
+    assert res.metrics().completed == 32
+    hit_shared = res.server.cache_hit_rate
+    rand = WorkloadSpec(num_requests=32, input_len=420, output_len=8, range_ratio=1.0, seed=4)
+    res = run_load_sync(sim.url, build_requests(rand), _opts(flush_cache=True, flush_pause_s=0.1))
+    hit_random = res.server.cache_hit_rate
+    # 28 of 32 prompts find their 400-token prefix cached: ~0.8 of prompt tokens
+    assert hit_shared > 0.5 > 0.1 > hit_random
+
+
+def test_multi_turn_history_is_cached_by_the_server(sim: SimProc) -> None:
+    spec = WorkloadSpec(
+        kind="multi-turn",
+        num_requests=24,
+        turns=3,
+        input_len=200,
+        output_len=16,
+        question_len=16,
+        range_ratio=1.0,
+        seed=5,
+    )
+    res = run_load_sync(sim.url, build_requests(spec), _opts(flush_cache=True, flush_pause_s=0.1))
+    m = res.metrics()
+    assert m.completed == 24 and m.errors == 0
+    # later turns resend earlier prompts: part of their prompt is a cache hit
+    assert res.server.cache_hit_rate > 0.2
+
+
+def test_duration_bounded_run_tracks_the_server(sim: SimProc) -> None:
+    reqs = build_requests(WorkloadSpec(num_requests=2000, input_len=100, output_len=64, seed=6))
+    res = run_load_sync(sim.url, reqs, _opts(duration_s=2.0, concurrency=32, warmup_requests=0))
+    m = res.metrics()
+    assert res.stopped == "duration" and 1.9 < res.duration_s < 3.0
+    assert m.completed > 0 and m.cancelled > 0 and m.errors == 0
+    # the server counts a request when it ends: completed ones surely, the cut ones once it
+    # noticed the disconnect (with the few tokens it made after the cut)
+    gen = res.server.generation_tokens
+    assert m.total_output <= gen <= m.total_output + m.cut_output + 16 * m.cancelled
