@@ -47,7 +47,7 @@ class FakeSGLang:
         self.running = 0
         self.flushes = 0
         self.seen_auth: list[str | None] = []
-        self.order: list[tuple[int | None, int]] = []  # (conversation marker, prompt len)
+        self._rendered: dict[tuple[int, int], list[bytes]] = {}  # native events, pre-encoded
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -106,7 +106,9 @@ class FakeSGLang:
             if self.cfg.first_token_delay_s:
                 await asyncio.sleep(self.cfg.first_token_delay_s)
             for ev in events:
-                await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                if not isinstance(ev, bytes):
+                    ev = b"data: " + json.dumps(ev).encode() + b"\n\n"
+                await resp.write(ev)
                 if self.cfg.token_delay_s:
                     await asyncio.sleep(self.cfg.token_delay_s * self.cfg.coalesce)
             await resp.write(b"data: [DONE]\n\n")
@@ -124,7 +126,6 @@ class FakeSGLang:
             return err
         n_in = len(body["input_ids"]) if "input_ids" in body else len(body["text"].split())
         n = int(body["sampling_params"]["max_new_tokens"])
-        self.order.append((body.get("input_ids", [None])[0], n_in))
         self.prompt_tokens += n_in
         self.gen_tokens += n
 
@@ -140,9 +141,16 @@ class FakeSGLang:
 
         if not body.get("stream"):
             return web.json_response({"text": " t" * n, "meta_info": meta(n)})
-        events = (
-            {"text": " t" * i, "output_ids": [], "meta_info": meta(i)} for i in self._steps(n)
-        )
+        # pre-encoded once per shape so the benchmark measures the client, not this server
+        events = self._rendered.get((n_in, n))
+        if events is None:
+            events = [
+                b"data: "
+                + json.dumps({"text": " t" * i, "output_ids": [], "meta_info": meta(i)}).encode()
+                + b"\n\n"
+                for i in self._steps(n)
+            ]
+            self._rendered[(n_in, n)] = events
         return await self._stream(request, events)
 
     async def openai(self, request: web.Request) -> web.StreamResponse:
