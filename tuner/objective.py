@@ -102,7 +102,14 @@ def slo_constraints(cfg: StudyConfig, metrics: Mapping[str, Any]) -> dict[str, f
 
 
 def objective_values(cfg: StudyConfig, metrics: Mapping[str, Any]) -> tuple[float, ...]:
-    main = float(metrics.get(cfg.objective.metric, 0.0))
+    """The study's objective(s) from one run's metrics.
+
+    A duration-bounded run cuts the requests still in flight at its end; counting only completed
+    requests would score long requests at high concurrency as zero, so the window figure (all
+    tokens received in the window / duration) is the score where the load run reports it.
+    """
+    metric = cfg.objective.metric
+    main = float(metrics.get(f"window_{metric}", metrics.get(metric, 0.0)))
     if cfg.objective.pareto_latency:
         return (main, float(metrics.get(cfg.objective.pareto_latency, PESSIMISTIC_LATENCY_MS)))
     return (main,)
@@ -133,6 +140,7 @@ class TrialRunner:
         knowledge: Knowledge | None = None,
         env: Mapping[str, str] | None = None,
         secret_flags: Mapping[str, str] | None = None,
+        launch_template: Sequence[str] | None = None,
     ):
         self.cfg = cfg
         self.server = server
@@ -143,6 +151,7 @@ class TrialRunner:
         self.knowledge = knowledge or Knowledge()
         self.env = dict(env or {})
         self.secret_flags = dict(secret_flags or {})  # e.g. api-key, read from the environment
+        self.launch_template = list(launch_template or cfg.target.launch)
         self._running_key: str | None = None  # canonical server flags of the live server
         self.restarts = 0
         self.reuses = 0
@@ -172,7 +181,7 @@ class TrialRunner:
         restarted = False
         if self._running_key != key or self.server.check() is not None:
             spec = build_launch(
-                self.cfg.target.launch, {**flags, **self.secret_flags}, self.cfg.target.port,
+                self.launch_template, {**flags, **self.secret_flags}, self.cfg.target.port,
                 self.env, self.cfg.target.workdir,
             )  # fmt: skip
             (trial_dir / "launch.txt").write_text(" ".join(redact_argv(spec.argv)) + "\n")
@@ -201,6 +210,7 @@ class TrialRunner:
         died = self.server.check()
         metrics = self.score(load)
         self._save_metrics(trial_dir, metrics, load)
+        self._save_log(trial_dir)
         if died is not None:
             self._running_key = None
             self._save_log(trial_dir)

@@ -351,3 +351,20 @@ def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]
                 "spread_pct": 100 * (max(runs) - min(runs)) / mean if mean else 0.0,
             }
     return best, summary
+
+
+def existing_study(cfg: StudyConfig, runs_dir: Path, storage: str | None = None) -> optuna.Study:
+    """Load a study that `tuner tune` made (never create one), checking its fingerprint."""
+    url = storage_url(cfg, runs_dir, storage)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise ConfigError(
+            f"no study '{cfg.study}' yet ({url.removeprefix('sqlite:///')} does not exist): "
+            f"run `tuner tune {cfg.source}` first",
+            file=cfg.source,
+        )
+    storage_obj = make_storage(url, cfg.budget.infra_retries)
+    try:
+        optuna.load_study(study_name=cfg.study, storage=storage_obj)
+    except KeyError:
+        raise ConfigError(f"no study named '{cfg.study}' in {url}", file=cfg.source) from None
+    return open_study(cfg, storage_obj, make_sampler(cfg))

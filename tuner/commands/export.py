@@ -1,13 +1,30 @@
-"""`tuner export`: write the best launch config."""
+"""`tuner export`: the best configuration as SGLang `--config` YAML, a command line, or JSON."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from tuner.cli import not_built
+from tuner.commands.common import add_study_args, load
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write the best launch config")
-    p.add_argument("study_file", metavar="STUDY.yaml", help="the study file")
-    p.set_defaults(run=not_built("export", "the study, issue 6"))
+    p = sub.add_parser("export", help="write the best launch config (SGLang --config YAML)")
+    add_study_args(p)
+    p.add_argument("-o", "--output", type=Path, help="file to write (default: standard output)")
+    p.add_argument("--format", choices=["yaml", "cmd", "json"], default="yaml")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.export import export_data, render
+    from tuner.study import existing_study
+
+    cfg = load(args)
+    text = render(export_data(cfg, existing_study(cfg, args.runs_dir, args.storage)), args.format)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,13 +1,26 @@
-"""`tuner report`: write an HTML report of a study."""
+"""`tuner report`: an HTML report of a study (plots of the landscape, the trials table)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from tuner.cli import not_built
+from tuner.commands.common import add_study_args, load
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write an HTML report of a study")
-    p.add_argument("study_file", metavar="STUDY.yaml", help="the study file")
-    p.set_defaults(run=not_built("report", "the study, issue 6"))
+    add_study_args(p)
+    p.add_argument("-o", "--output", type=Path, help="default: runs/<study>/report.html")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.report import write_html
+    from tuner.study import existing_study
+
+    cfg = load(args)
+    study = existing_study(cfg, args.runs_dir, args.storage)
+    path = write_html(cfg, study, args.output or args.runs_dir / cfg.study / "report.html")
+    print(path)
+    return 0

@@ -1,0 +1,124 @@
+"""Best trial -> SGLang `--config` YAML (with a provenance header), a command line, or JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from typing import Any
+
+import optuna
+
+from tuner.config import StudyConfig
+from tuner.errors import TunerError
+from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
+from tuner.space import client_params, server_flags
+from tuner.study import CONFIRM_ATTR, best_trial, completed, feasible_trials
+
+LAUNCH = ["python", "-m", "sglang.launch_server"]
+SERVER_FACTS = (
+    "version",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "mem_fraction_static",
+    "gpu",
+)
+
+
+class NothingToExport(TunerError):
+    """No trial of the study is feasible yet."""
+
+
+def best_flags(cfg: StudyConfig, params: dict[str, Any]) -> dict[str, Any]:
+    """The launch config: the study's fixed flags plus the winner's server-side values."""
+    flags = {**cfg.server, **server_flags(params)}
+    return {k: v for k, v in flags.items() if k not in SECRET_FLAGS}
+
+
+def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
+    """Everything worth keeping about the winner (the JSON format; the others derive from it)."""
+    trial, summary = best_trial(study)
+    if trial is None:
+        n = len(completed(study))
+        raise NothingToExport(
+            f"study '{cfg.study}' has no feasible configuration yet ({n} completed trials): "
+            "see `tuner status` for the reasons"
+        )
+    metrics = trial.user_attrs.get("metrics") or {}
+    info = _first_server_info(study, trial)
+    data = {
+        "study": cfg.study,
+        "trial": trial.number,
+        "params": dict(trial.params),
+        "flags": best_flags(cfg, dict(trial.params)),
+        "client": client_params(trial.params),
+        "objective": cfg.objective.metric,
+        "value": trial.values[0],
+        "confirmation": summary,
+        "metrics": metrics,
+        "server": {k: info[k] for k in SERVER_FACTS if k in info},
+        "feasible_trials": len(feasible_trials(study)),
+        "completed_trials": len(completed(study)),
+        "exported_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if cfg.objective.pareto_latency:
+        data["pareto_front"] = [
+            {"trial": t.number, "values": t.values, "params": t.params} for t in study.best_trials
+        ]
+    return data
+
+
+def _first_server_info(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """Server info of the winner, or of the trial that started the server it reused."""
+    if trial.user_attrs.get("server_info"):
+        return dict(trial.user_attrs["server_info"])
+    for t in reversed(completed(study)[: trial.number]):
+        if t.user_attrs.get("server_info"):
+            return dict(t.user_attrs["server_info"])
+    return {}
+
+
+def render_yaml(data: dict[str, Any]) -> str:
+    """SGLang's --config YAML with a comment header of where it came from and what it measured."""
+    m, conf = data["metrics"], data["confirmation"]
+    header = [
+        f"SGLang launch config exported by tuner from study '{data['study']}', trial {data['trial']}",
+        "  use: python -m sglang.launch_server --config best.yaml",
+        f"measured: {m.get('output_throughput', 0):,.1f} output tok/s, "
+        f"{m.get('total_throughput', 0):,.1f} total tok/s, {m.get('request_throughput', 0):.2f} req/s",
+        f"latency p99: TTFT {m.get('p99_ttft_ms', 0):,.0f} ms, TPOT {m.get('p99_tpot_ms', 0):,.1f} ms, "
+        f"ITL {m.get('p99_itl_ms', 0):,.1f} ms",
+    ]
+    if conf.get("runs") and len(conf["runs"]) > 1:
+        header.append(
+            f"confirmed over {len(conf['runs'])} runs: mean {conf['mean']:,.1f} "
+            f"({data['objective']}), spread {conf['spread_pct']:.1f}%"
+        )
+    if data["client"]:
+        header.append(
+            "recommended client: " + ", ".join(f"{k} {v}" for k, v in data["client"].items())
+        )
+    server = data["server"]
+    header.append(
+        f"server: SGLang {server.get('version', '?')}, max_total_num_tokens "
+        f"{server.get('max_total_num_tokens', '?')}, GPU {server.get('gpu', '?')}"
+    )
+    header.append(f"exported {data['exported_at']}; --api-key, if any, goes on the command line")
+    header.append("")
+    return render_sglang_yaml(data["flags"], header)
+
+
+def render_cmd(data: dict[str, Any]) -> str:
+    return " ".join(shlex.quote(a) for a in [*LAUNCH, *flag_args(data["flags"])])
+
+
+def render(data: dict[str, Any], fmt: str) -> str:
+    if fmt == "yaml":
+        return render_yaml(data)
+    if fmt == "cmd":
+        return render_cmd(data) + "\n"
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def confirmations(study: optuna.Study) -> dict[str, list[float]]:
+    return dict(study.user_attrs.get(CONFIRM_ATTR) or {})

@@ -1,0 +1,130 @@
+"""A study for people: the trials table (rich), its JSON, and an HTML report with plots (plotly)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.table import Table
+
+from tuner.config import StudyConfig
+from tuner.study import best_trial
+
+_SHORT = {"mem-fraction-static": "mfs", "hicache-size": "hicache", "concurrency": "conc",
+          "schedule-conservativeness": "conserv", "chunked-prefill-size": "chunk",
+          "cuda-graph-max-bs": "graph-bs", "hicache-write-policy": "policy"}  # fmt: skip
+
+
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """One dict per trial: what `tuner status --json` prints and the table shows."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        m = t.user_attrs.get("metrics") or {}
+        feasible = bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name,
+                "status": t.user_attrs.get("status", ""),
+                "params": dict(t.params) or dict(t.system_attrs.get("fixed_params", {})),
+                "feasible": feasible if t.state.name == "COMPLETE" else None,
+                "value": t.values[0] if t.values else None,
+                "output_throughput": m.get("output_throughput"),
+                "p99_ttft_ms": m.get("p99_ttft_ms"),
+                "p99_tpot_ms": m.get("p99_tpot_ms"),
+                "reason": t.user_attrs.get("reason") or t.user_attrs.get("infra_error", ""),
+                "restarted": t.user_attrs.get("restarted"),
+                "duplicate_of": t.user_attrs.get("duplicate_of"),
+                "worker": t.user_attrs.get("worker"),
+            }
+        )
+    return rows
+
+
+def _fmt(v: Any, spec: str = ",.1f") -> str:
+    return "" if v is None else format(v, spec)
+
+
+def trials_table(cfg: StudyConfig, study: optuna.Study) -> Table:
+    best, _ = best_trial(study)
+    t = Table(title=f"study {cfg.study}: {cfg.objective.metric}")
+    for col, just in (("#", "right"), ("state", "left"), ("params", "left"), ("out tok/s", "right"),
+                      ("p99 TTFT ms", "right"), ("p99 TPOT ms", "right"), ("reason", "left")):  # fmt: skip
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in trial_rows(study):
+        params = " ".join(f"{_SHORT.get(k, k)}={_compact(v)}" for k, v in r["params"].items())
+        state = r["status"] or r["state"].lower()
+        if r["duplicate_of"] is not None:
+            state += f" (=#{r['duplicate_of']})"
+        style = "bold green" if best is not None and r["trial"] == best.number else None
+        t.add_row(
+            str(r["trial"]), state, params, _fmt(r["output_throughput"]), _fmt(r["p99_ttft_ms"], ",.0f"),
+            _fmt(r["p99_tpot_ms"]), (r["reason"] or "")[:60], style=style,
+        )  # fmt: skip
+    return t
+
+
+def _compact(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
+    """A self-contained HTML report: history, parameter scatter plots, the trials table."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    rows = [r for r in trial_rows(study) if r["state"] == "COMPLETE" and r["value"] is not None]
+    figs = []
+    hist = go.Figure()
+    for feasible, color in ((True, "#2a9d8f"), (False, "#e76f51")):
+        sel = [r for r in rows if r["feasible"] is feasible]
+        hist.add_trace(go.Scatter(
+            x=[r["trial"] for r in sel], y=[r["value"] for r in sel], mode="markers", marker={"color": color},
+            name="feasible" if feasible else "infeasible", text=[r["reason"] for r in sel],
+        ))  # fmt: skip
+    hist.update_layout(title=f"{cfg.objective.metric} by trial", xaxis_title="trial")
+    figs.append(hist)
+    for name in cfg.space:
+        xs = [(r["params"].get(name), r) for r in rows if name in r["params"]]
+        if not xs:
+            continue
+        fig = go.Figure(go.Scatter(
+            x=[x for x, _ in xs], y=[r["value"] for _, r in xs], mode="markers",
+            marker={"color": ["#2a9d8f" if r["feasible"] else "#e76f51" for _, r in xs]},
+            text=[f"trial {r['trial']}: {r['reason']}" for _, r in xs],
+        ))  # fmt: skip
+        fig.update_layout(title=f"{cfg.objective.metric} vs {name}", xaxis_title=name)
+        figs.append(fig)
+    best, summary = best_trial(study)
+    parts = [
+        f"<h1>tuner study {html.escape(cfg.study)}</h1>",
+        f"<p>{html.escape(cfg.description)}</p>",
+        "<p>Best: "
+        + (
+            f"trial {best.number}, {html.escape(str(dict(best.params)))}, "
+            f"mean {summary['mean']:,.1f} over {len(summary['runs'])} run(s)"
+            if best
+            else "no feasible trial yet"
+        )
+        + "</p>",
+    ]
+    parts += [
+        pio.to_html(f, include_plotlyjs=(i == 0), full_html=False) for i, f in enumerate(figs)
+    ]
+    head = "".join(
+        f"<th>{h}</th>" for h in ("trial", "state", "params", "value", "p99 TTFT ms", "reason")
+    )
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+            r["trial"], r["status"] or r["state"], r["params"], _fmt(r["value"]),
+            _fmt(r["p99_ttft_ms"], ",.0f"), r["reason"]))
+        + "</tr>"
+        for r in trial_rows(study)
+    )  # fmt: skip
+    parts.append(f"<h2>Trials</h2><table border=1 cellpadding=4><tr>{head}</tr>{body}</table>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(cfg.study)}"
+                    f"</title></head><body>{''.join(parts)}</body></html>")  # fmt: skip
+    return path
