@@ -94,8 +94,7 @@ def test_bench_chat_backend_with_api_key_and_dataset(tmp_path: Path) -> None:
             "BENCH_KEY",
             "--json",
             str(out),
-            "--no-progress",
-            env={"BENCH_KEY": "k3y"},
+            env={"BENCH_KEY": "k3y"},  # with the progress display (on stderr)
         )
     assert p.returncode == 0, p.stderr
     assert "k3y" not in p.stdout + p.stderr
