@@ -143,3 +143,40 @@ def test_unreachable_url_exit_1_one_line() -> None:
     )
     assert p.returncode == 1
     assert "cannot reach" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_bench_against_the_simulator(tmp_path: Path) -> None:
+    from simproc import sim_server
+
+    out = tmp_path / "sim.json"
+    with sim_server("--sim-profile", "llama-3.1-8b-h100", "--enable-metrics") as sim:
+        p = tuner(
+            "--url",
+            sim.url,
+            "--concurrency",
+            "8",
+            "--num-requests",
+            "24",
+            "--workload",
+            "shared-prefix",
+            "--num-groups",
+            "3",
+            "--prompts-per-group",
+            "8",
+            "--prefix-len",
+            "300",
+            "--question-len",
+            "20",
+            "--output-len",
+            "16",
+            "--flush-cache",
+            "--json",
+            str(out),
+            "--no-progress",
+        )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["completed"] == 24 and r["total_output_tokens"] == 24 * 16
+    assert r["server"]["generation_tokens"] == r["total_output_tokens"]
+    assert r["server"]["cache_hit_rate"] > 0.5
