@@ -60,6 +60,8 @@ class SSHSection(Model):
     trust_unknown_host_key: bool = False  # explicit opt-in: accept and remember an unknown key
     ssh_config: str | None = None  # default ~/.ssh/config (aliases, ProxyJump)
     password_env: str | None = None  # name of an environment variable; never the password itself
+    use_agent: bool = True  # offer keys from ssh-agent
+    look_for_keys: bool = True  # also try ~/.ssh/id_* keys
     connect_timeout_s: Duration = 10
     banner_timeout_s: Duration = 15
     auth_timeout_s: Duration = 15

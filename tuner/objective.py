@@ -45,7 +45,9 @@ class StartResultLike(Protocol):
 class ServerLike(Protocol):
     """What a trial needs of the server lifecycle (server.Server satisfies it)."""
 
-    def restart(self, spec: LaunchSpec, log_path: str) -> StartResultLike: ...
+    def restart(
+        self, spec: LaunchSpec, log_path: str, on_launch: Callable[[int], None] | None = None
+    ) -> StartResultLike: ...
     def check(self) -> str | None: ...  # None while alive, else the failure class
     def stop(self) -> None: ...
     def fetch_log(self, local_path: str) -> None: ...
@@ -165,7 +167,7 @@ class TrialRunner:
         number: int,
         params: Mapping[str, Any],
         trial_dir: Path,
-        on_start: Callable[[int | None], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
     ) -> TrialOutcome:
         """One trial; raises InfraError (from the server or host) when the world failed.
 
@@ -187,10 +189,8 @@ class TrialRunner:
             (trial_dir / "launch.txt").write_text(" ".join(redact_argv(spec.argv)) + "\n")
             self._running_key = None
             log = f"{self.cfg.target.workdir or '/tmp'}/tuner-{self.cfg.study}-trial{number}.log"
-            result = self.server.restart(spec, log)
+            result = self.server.restart(spec, log, on_start)
             self.restarts += 1
-            if on_start is not None:
-                on_start(result.pgid)
             restarted = True
             self._save_log(trial_dir)
             if not result.ok:

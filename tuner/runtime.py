@@ -44,7 +44,8 @@ def build_host(target: TargetSection) -> LocalHost | SSHHost:
             host=target.host, user=s.user, port=s.port, identity_file=s.identity_file,
             known_hosts=s.known_hosts, trust_unknown_host_key=s.trust_unknown_host_key,
             ssh_config=s.ssh_config if s.ssh_config is not None else "~/.ssh/config",
-            password_env=s.password_env, connect_timeout_s=s.connect_timeout_s,
+            password_env=s.password_env, use_agent=s.use_agent, look_for_keys=s.look_for_keys,
+            connect_timeout_s=s.connect_timeout_s,
             banner_timeout_s=s.banner_timeout_s, auth_timeout_s=s.auth_timeout_s,
             command_timeout_s=s.command_timeout_s, reconnect_attempts=s.reconnect_attempts,
         )
@@ -157,8 +158,10 @@ class ServerSeam:
         self.server = server
         self.last: StartResult | None = None
 
-    def restart(self, spec: LaunchSpec, log_path: str) -> Started:
-        r = self.server.restart(spec, log_path)
+    def restart(
+        self, spec: LaunchSpec, log_path: str, on_launch: Callable[[int], None] | None = None
+    ) -> Started:
+        r = self.server.restart(spec, log_path, on_launch)
         self.last = r
         info: dict[str, Any] = {
             "max_total_num_tokens": r.max_total_num_tokens, "mem_fraction_static": r.mem_fraction_static,

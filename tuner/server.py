@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import posixpath
 import re
 import time
 import urllib.error
@@ -264,8 +263,14 @@ class Server:
         """Take over a server a previous tuner process started (e.g. a zombie trial's)."""
         self._running = _Running(pgid, command, log_path, port)
 
-    def restart(self, spec: LaunchSpec, log_path: str) -> StartResult:
-        """Stop the previous server, start `spec` logging to `log_path`, wait ready, verify."""
+    def restart(
+        self, spec: LaunchSpec, log_path: str, on_launch: Callable[[int], None] | None = None
+    ) -> StartResult:
+        """Stop the previous server, start `spec` logging to `log_path`, wait ready, verify.
+
+        `on_launch(pgid)` runs as soon as the process group exists, before readiness, so a
+        caller killed during a long start-up has already recorded what to stop.
+        """
         t0 = self._clock()
         stop_s = self.stop()
         t1 = self._clock()
@@ -276,6 +281,8 @@ class Server:
         command = spec.shell_command()
         pgid = self.host.start_detached(command, log_path=log_path, cwd=spec.cwd)
         self._running = _Running(pgid, command, log_path, spec.port)
+        if on_launch is not None:
+            on_launch(pgid)
         t3 = self._clock()
         failed = self._wait_ready()
         t4 = self._clock()
@@ -364,10 +371,7 @@ class Server:
                 "by a process we did not start",
                 log_path=log_path,
             )
-        self.gpus()
-        parent = posixpath.dirname(log_path)
-        if parent:
-            self.host.run(["mkdir", "-p", "--", parent])
+        self.gpus()  # the start_detached script creates the log's directory
         return None
 
     def _wait_ready(self) -> StartResult | None:
@@ -410,14 +414,18 @@ class Server:
             )
         pid = info.get("pid")
         members = self.host.group_pids(run.pgid)
-        if not members or (isinstance(pid, int) and pid not in members):
+        if not members:  # ours died between /health and now: a death, not a stale server
+            self._running = None
+            code, tail = self._exit_and_tail(run.log_path)
+            cls, reason = explain_failure(code, tail)
+            return StartResult(False, cls, reason, tuple(tail), run.pgid, code, run.log_path)
+        if isinstance(pid, int) and pid not in members:
             self._kill_group(run.pgid)
             self._running = None
-            who = f"pid {pid}" if isinstance(pid, int) else "a server"
             return StartResult(
                 False,
                 "stale_server",
-                f"{who} answering on port {spec.port} is not the one we started (pgid {run.pgid})",
+                f"pid {pid} answering on port {spec.port} is not the one we started (pgid {run.pgid})",
                 **base,
             )
         facts = {

@@ -263,11 +263,10 @@ class Tuning:
             trial.set_constraint(key, outcome.constraints[key])
         return _ret(outcome.values)
 
-    def _started(self, trial: Trial) -> Callable[[int | None], None]:
-        def on_start(pgid: int | None) -> None:
-            if pgid:
-                trial.set_user_attr("server_pgid", pgid)
-                self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)
+    def _started(self, trial: Trial) -> Callable[[int], None]:
+        def on_start(pgid: int) -> None:
+            trial.set_user_attr("server_pgid", pgid)
+            self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)
 
         return on_start
 

@@ -37,8 +37,10 @@ class FakeServer:
         self.stopped = 0
         self.drop_on = set(drop_on or ())
 
-    def restart(self, spec, log_path):
+    def restart(self, spec, log_path, on_launch=None):
         n = len(self.restarts)
+        if on_launch:
+            on_launch(4242)
         self.restarts.append(dict(spec.flags))
         if n in self.drop_on:
             self.drop_on.discard(n)

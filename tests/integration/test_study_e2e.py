@@ -1,0 +1,193 @@
+"""`tuner tune` end to end on the simulator: real subprocesses, real HTTP, real SQLite, real sshd.
+
+Each test writes a small study file (free port, short load runs) into a temp dir and drives the
+real console entry point, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from simproc import sim_server
+from sshd import Sshd, assert_group_gone, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) -> Path:
+    """A copy of the demo, made small: short runs, a free port, its own name."""
+    data = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())
+    data["study"] = name
+    data["target"]["port"] = free_port()
+    data["target"]["launch"] = [
+        "{python}", "-m", "tuner.sim", "--sim-profile", "qwen2.5-7b-l4", "--sim-startup-seconds", "0.3",
+    ]  # fmt: skip
+    data["workload"].update(input_len=256, output_len=48, duration_s=2.5, warmup_requests=1)
+    data["budget"].update(n_trials=n_trials, confirm_top=1, confirm_repeats=1)
+    data["baseline"] = {"mem-fraction-static": 0.98, "concurrency": 16}  # certain CUDA-graph OOM
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            data.setdefault(section, {})[field] = value
+        else:
+            data[section] = value
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tuner(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+    )  # fmt: skip
+
+
+def status(study: Path, runs: Path) -> dict:
+    out = tuner("status", str(study), "--runs-dir", str(runs), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def server_groups(st: dict, runs: Path, name: str) -> set[int]:
+    """Every server process group the study recorded (trials' user attributes)."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{runs / name / 'study.db'}")
+    return {
+        int(t.user_attrs["server_pgid"]) for t in study.trials if t.user_attrs.get("server_pgid")
+    }
+
+
+def check_best_yaml_starts(best: Path) -> None:
+    """SGLang's --config accepts the export as is: the simulator (SGLang's flags) starts from it."""
+    flags = yaml.safe_load(best.read_text())
+    assert all(isinstance(k, str) and "_" not in k for k in flags)
+    with sim_server("--config", str(best), "--sim-profile", "qwen2.5-7b-l4") as sim:
+        with urllib.request.urlopen(f"{sim.url}/get_server_info", timeout=10) as resp:
+            info = json.load(resp)
+        assert info["mem_fraction_static"] == pytest.approx(flags["mem-fraction-static"])
+
+
+def test_demo_study_local(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=5)
+    out = tuner("tune", str(study), "--runs-dir", str(runs))
+    assert out.returncode == 0, out.stderr[-3000:]
+    best = runs / "e2e" / "best.yaml"
+    assert best.exists() and "mem-fraction-static" in best.read_text()
+    assert out.stdout == best.read_text()  # the command ends by printing the export
+    st = status(study, runs)
+    done = [t for t in st["trials"] if t["state"] == "COMPLETE"]
+    assert len(done) == 5
+    trial0 = st["trials"][0]
+    assert trial0["params"]["mem-fraction-static"] == 0.98 and trial0["feasible"] is False
+    assert "cuda" in trial0["reason"].lower()  # infeasible configs carry their reason
+    assert st["best"] is not None and st["best"]["params"]["mem-fraction-static"] < 0.98
+    for t in done:
+        d = runs / "e2e" / "trials" / str(t["trial"])
+        if t["duplicate_of"] is None and t["status"] != "rejected":
+            assert (d / "launch.txt").exists() or t["restarted"] is False
+    for pgid in server_groups(st, runs, "e2e"):
+        assert_group_gone(pgid)
+    check_best_yaml_starts(best)
+    cmd = tuner("export", str(study), "--runs-dir", str(runs), "--format", "cmd")
+    assert cmd.returncode == 0 and cmd.stdout.startswith(
+        "python -m sglang.launch_server --model-path"
+    )
+
+
+def test_changed_study_refused_on_resume(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=1)
+    assert tuner("tune", str(study), "--runs-dir", str(runs)).returncode in (0, 1)
+    data = yaml.safe_load(study.read_text())
+    data["workload"]["input_len"] = 300
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    before = sorted(p.name for p in (runs / "e2e").rglob("*"))
+    out = tuner("tune", str(study), "--runs-dir", str(runs))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "different workload" in out.stderr
+    assert sorted(p.name for p in (runs / "e2e").rglob("*")) == before
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "tuner ended before the point the test kills it at"
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("when", ["mid-trial", "between-trials"])
+def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=4)
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "tune",
+        str(study),
+        "--runs-dir",
+        str(runs),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        trial = runs / "e2e" / "trials" / "1"
+        _wait_for(trial / ("launch.txt" if when == "mid-trial" else "metrics.json"), proc)
+        if when == "mid-trial":
+            time.sleep(1.0)  # the server is starting or the load is running
+        os.kill(proc.pid, signal.SIGKILL)  # the tuner only: its server lives in its own session
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = tuner("tune", str(study), "--runs-dir", str(runs))
+    assert out.returncode == 0, out.stderr[-3000:]
+    st = status(study, runs)
+    complete = [t for t in st["trials"] if t["state"] == "COMPLETE"]
+    assert len(complete) == 4
+    measured = [
+        json.dumps(t["params"], sort_keys=True) for t in complete if t["duplicate_of"] is None
+    ]
+    assert len(measured) == len(set(measured)), "a configuration was measured twice"
+    if when == "mid-trial":
+        assert any(t["state"] == "FAIL" for t in st["trials"]), "the killed trial must be failed"
+    for pgid in server_groups(st, runs, "e2e"):
+        assert_group_gone(pgid)  # no orphan servers, including the one the killed run left
+
+
+@pytest.mark.ssh
+def test_demo_study_over_ssh(tmp_path: Path, sshd_server: Sshd) -> None:
+    runs = tmp_path / "runs"
+    ssh = {
+        "user": "root", "port": sshd_server.port, "identity_file": str(sshd_server.client_key),
+        "known_hosts": str(sshd_server.known_hosts), "ssh_config": "", "use_agent": False,
+        "look_for_keys": False,
+    }  # fmt: skip
+    study = study_file(tmp_path, "e2e-ssh", n_trials=3)
+    data = yaml.safe_load(study.read_text())
+    data["target"].update(host="127.0.0.1", ssh=ssh, workdir=str(tmp_path))
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tuner("tune", str(study), "--runs-dir", str(runs))
+    assert out.returncode == 0, out.stderr[-3000:]
+    st = status(study, runs)
+    assert len([t for t in st["trials"] if t["state"] == "COMPLETE"]) == 3
+    assert (runs / "e2e-ssh" / "best.yaml").exists()
+    logs = list((runs / "e2e-ssh" / "trials").glob("*/server.log"))
+    assert logs and any("fired up" in p.read_text() for p in logs)  # fetched over SFTP
+    for pgid in server_groups(st, runs, "e2e-ssh"):
+        assert_group_gone(pgid)
