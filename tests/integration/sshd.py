@@ -183,26 +183,54 @@ def any_host(request: pytest.FixtureRequest) -> Iterator[LocalHost | SSHHost]:
         host.close()
 
 
+#: groups whose members all exited; PID 1 reaps their zombies every ~2 s, so the final
+#: `os.killpg(pgid, 0)` check runs once per session (see `reaped_groups`) instead of per test
+_EXITED_GROUPS: set[int] = set()
+
+
 def assert_group_gone(pgid: int, deadline_s: float = 10.0) -> None:
-    """Every process of group `pgid` has exited (zombies are reaped by PID 1 a moment later)."""
+    """Every process of group `pgid` has exited (is gone or a zombie awaiting PID 1's reaping).
+
+    The group is remembered; at the end of the session `reaped_groups` asserts that
+    `os.killpg(pgid, 0)` raises ProcessLookupError for every one of them.
+    """
     end = time.monotonic() + deadline_s
     while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        live = _live_members(pgid)
+        if not live:
+            _EXITED_GROUPS.add(pgid)
             return
         if time.monotonic() > end:
-            left = [
-                p.info
-                for p in psutil.process_iter(["pid", "status", "cmdline"])
-                if _pgid(p.pid) == pgid
-            ]
-            raise AssertionError(f"process group {pgid} still has processes: {left}")
+            raise AssertionError(f"process group {pgid} still has processes: {live}")
         time.sleep(0.05)
 
 
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
+def assert_groups_reaped(pgids: set[int], deadline_s: float = 15.0) -> None:
+    """`os.killpg(pgid, 0)` raises ProcessLookupError for each group (nothing left, not even zombies)."""
+    end = time.monotonic() + deadline_s
+    left = set(pgids)
+    while left:
+        for g in list(left):
+            try:
+                os.killpg(g, 0)
+            except ProcessLookupError:
+                left.discard(g)
+        if left and time.monotonic() > end:
+            raise AssertionError(f"process groups still present: {sorted(left)}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reaped_groups() -> Iterator[set[int]]:
+    """At the end of the session every group a test saw exit is gone for good."""
+    yield _EXITED_GROUPS
+    assert_groups_reaped(_EXITED_GROUPS)
+
+
+def _live_members(pgid: int) -> list[dict]:
+    out = []
+    for p in psutil.process_iter(["pid", "status", "cmdline"]):
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.info)
+    return out

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, assert_group_gone, free_port
+from sshd import Sshd, assert_group_gone, assert_groups_reaped, free_port
 
 from tuner.errors import CommandTimeout, HostTrustError, HostUnreachable
 from tuner.hosts import Host, SSHHost
@@ -110,6 +110,7 @@ def test_signal_group_terms_every_member(any_host: Host, tmp_path: Path) -> None
     finally:
         any_host.signal_group(pgid, "KILL")
     assert_group_gone(pgid)
+    assert_groups_reaped({pgid})
     assert any_host.signal_group(pgid, "0") is False
 
 

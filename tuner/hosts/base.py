@@ -9,6 +9,7 @@ file and close. Linux hosts only (SGLang is Linux-only): helpers read /proc.
 
 from __future__ import annotations
 
+import posixpath
 import secrets
 import shlex
 from collections.abc import Sequence
@@ -117,7 +118,7 @@ def detached_script(command: str, *, log_path: str, cwd: str | None, nonce: str)
     return (
         f"if [ -s {pid_q} ] && [ \"$(cut -d' ' -f2 {pid_q})\" = {shlex.quote(nonce)} ]; then "
         f"cut -d' ' -f1 {pid_q}; exit 0; fi; "
-        f"rm -f {exit_q} {pid_q}; "
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(log_path) or '.')}; rm -f {exit_q} {pid_q}; "
         f"nohup setsid bash -c {shlex.quote(inner)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
         "p=$!; i=0; "
         'while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
@@ -192,7 +193,8 @@ class ShellHost:
             f"test -e /proc/{int(pid)} && tr '\\0' ' ' < /proc/{int(pid)}/cmdline",
             timeout=self.command_timeout_s,
         )
-        return res.stdout.rstrip() if res.ok else None
+        # a zombie keeps its /proc entry with an empty cmdline: gone for our purpose
+        return res.stdout.rstrip() or None if res.ok else None
 
     def read_tail(self, path: str, lines: int = 50) -> list[str]:
         """Last `lines` lines of `path`; [] when the file is missing."""

@@ -319,6 +319,8 @@ class SSHHost(ShellHost):
                     time.sleep(pause)
                     pause = min(pause * 2, 0.02)
             code = chan.recv_exit_status()
+            if code == -1:  # paramiko's value when the channel closed without an exit status
+                raise EOFError("connection closed before the command's exit status arrived")
         finally:
             chan.close()
         return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
