@@ -10,6 +10,9 @@ One extension: a run bounded by duration cancels its in-flight requests at the d
 bench_serving (and SGLang's counters, which count a request when it finishes), throughputs count
 completed requests only; the tokens the cut requests had received are reported apart
 (`cut_output`, and `window_output_throughput` = all tokens received in the window / dur).
+TTFT is the exception: a cut request counts with its TTFT, or, if its first token never came,
+with its wait so far (a lower bound). Otherwise the requests that queued longest, the ones an
+overloaded server makes wait, would vanish from the percentiles and overload would look fast.
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ def tpot_s(rec: RequestRecord) -> float | None:
     return (rec.latency_s - rec.ttft_s) / (rec.output_len - 1)
 
 
+def ttft_or_wait_s(rec: RequestRecord) -> float:
+    """TTFT; for a request cut before its first token, the time it waited (a lower bound)."""
+    return rec.ttft_s if rec.ttft_s is not None else rec.latency_s
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float) -> Metrics:
     """bench_serving's metrics over `records` for a timed run of `duration_s` seconds."""
     done = [r for r in records if r.ok]
@@ -150,7 +158,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Metrics:
         total_throughput=rate(total_in + total_out),
         window_output_throughput=rate(total_out + cut_out),
         concurrency=rate(sum(r.latency_s for r in done)),
-        ttft_ms=stats_ms(r.ttft_s for r in done if r.ttft_s is not None),
+        ttft_ms=stats_ms(ttft_or_wait_s(r) for r in (*done, *cancelled)),
         tpot_ms=stats_ms(tpots),
         itl_ms=stats_ms(x for r in done for x in r.itl_s),
         e2e_ms=stats_ms(r.latency_s for r in done),

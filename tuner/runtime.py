@@ -26,8 +26,10 @@ from tuner.precheck import Hardware
 from tuner.server import Server, ServerTimeouts, StartResult
 from tuner.workload import Request, WorkloadSpec, build_requests
 
-#: requests built for a duration-bounded run when the study file gives no count
+#: requests built for a duration-bounded run when the study file gives no count (at least this
+#: many, and 20 per slot of the highest concurrency searched, so a run does not run dry)
 DEFAULT_POOL = 2000
+STUDY_MAX_LOOP_LAG_MS = 250.0
 
 
 def is_local(target: TargetSection) -> bool:
@@ -74,8 +76,10 @@ def secret(name: str | None, key: str) -> str | None:
 
 def workload_spec(cfg: StudyConfig) -> WorkloadSpec:
     w = cfg.workload
+    top = cfg.space.get("concurrency")
+    pool = max(DEFAULT_POOL, 20 * int(top.high or 0)) if top and top.high else DEFAULT_POOL
     return WorkloadSpec(
-        kind=w.kind, num_requests=w.num_requests or DEFAULT_POOL, seed=w.seed, input_len=w.input_len,
+        kind=w.kind, num_requests=w.num_requests or pool, seed=w.seed, input_len=w.input_len,
         output_len=w.output_len, range_ratio=w.range_ratio, num_groups=w.num_groups,
         prompts_per_group=w.prompts_per_group, prefix_len=w.prefix_len,
         question_len=w.question_len, turns=w.turns, dataset_path=w.dataset,
@@ -90,6 +94,9 @@ def load_options(cfg: StudyConfig, concurrency: int, api_key: str | None) -> Loa
         duration_s=w.duration_s, num_requests=w.num_requests, warmup_requests=w.warmup_requests,
         flush_cache=w.flush_cache, request_timeout_s=w.request_timeout_s,
         error_budget=w.max_error_rate, seed=w.seed, api_key=api_key,
+        # a trial is discarded when the client lags; 50 ms p99 flags healthy runs on a shared
+        # 2-core machine, while a client that is really the bottleneck lags by far more
+        max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS,
     )  # fmt: skip
 
 

@@ -174,3 +174,15 @@ def test_server_view_without_metrics_is_none_fields() -> None:
     assert (
         v.generation_tokens is None and v.output_throughput is None and v.mean_running_reqs is None
     )
+
+
+def test_cut_requests_count_in_ttft_with_their_wait() -> None:
+    """Under overload the queued requests are the ones cut: dropping them would hide the wait."""
+    done = [rec(i, 10, 1.0, 0.1) for i in range(9)]
+    queued = rec(9, 0, 5.0, None, ok=False, cancelled=True)  # waited 5 s, no token yet
+    started = rec(10, 3, 5.0, 2.0, ok=False, cancelled=True)  # first token after 2 s, then cut
+    m = summarize([*done, queued, started], 5.0)
+    assert m.completed == 9 and m.cancelled == 2
+    assert m.ttft_ms.max == pytest.approx(5000)  # the queued one's wait, a lower bound
+    assert m.ttft_ms.n == 11
+    assert m.e2e_ms.n == 9  # latency stays a completed-request figure, as in bench_serving
