@@ -44,6 +44,8 @@ from tuner.sim.startup import (
 
 #: the step loop may run this far behind its schedule before it stops trying to catch up
 MAX_LAG_S = 0.5
+#: how long to wait when a step did nothing (work queued that cannot be scheduled yet)
+IDLE_STALL_S = 0.01
 
 
 class Log:
@@ -294,6 +296,11 @@ class SimServer:
                 self.crash = exc
                 self.stop.set()
                 return
+            if step.duration_s <= 0 and not step.events and not step.log_lines:
+                # the engine has work it cannot schedule yet: do not spin the CPU
+                await asyncio.sleep(IDLE_STALL_S)
+                due = loop.time()
+                continue
             due += step.duration_s
             delay = due - loop.time()
             if delay > 0:
