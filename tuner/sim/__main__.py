@@ -27,14 +27,14 @@ from tuner.sim.startup import Script, build_script
 EXIT_USAGE = 2
 
 
-def build_engine(ns: argparse.Namespace, profile: Profile, script: Script) -> Any:
-    """The engine for a started server: capacity from the start-up plan, timing from the profile."""
-    from tuner.sim.engine import Engine, EngineParams, StepTimeModel
+def engine_params(ns: argparse.Namespace, script: Script) -> Any:
+    """EngineParams of a started server: capacity from the start-up plan, the rest from flags."""
+    from tuner.sim.engine import EngineParams
 
     plan = script.plan
     assert plan is not None
     d = script.defaults
-    params = EngineParams(
+    return EngineParams(
         max_total_tokens=plan.max_total_num_tokens,
         max_running_requests=plan.max_running_requests,
         page_size=ns.page_size,
@@ -53,8 +53,15 @@ def build_engine(ns: argparse.Namespace, profile: Profile, script: Script) -> An
         # decode batches above the captured size run without CUDA graphs (slower)
         cuda_graph_max_bs=0 if ns.disable_cuda_graph else d.cuda_graph_max_bs,
     )
+
+
+def build_engine(ns: argparse.Namespace, profile: Profile, script: Script) -> Any:
+    """The engine for a started server (the same one `run_closed_loop` builds from these params)."""
+    from tuner.sim.engine import Engine, StepTimeModel
+
+    assert script.plan is not None
     timing = StepTimeModel.from_mapping(profile.timing)
-    return Engine(params, timing, plan.bytes_per_token, seed=ns.sim_seed)
+    return Engine(engine_params(ns, script), timing, script.plan.bytes_per_token, seed=ns.sim_seed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
