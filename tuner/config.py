@@ -305,6 +305,15 @@ class StudyConfig(Model):
         for name in self.baseline or {}:
             if name not in self.space:
                 raise ValueError(f"baseline: {name} is not a searched parameter")
+        window_ms = (self.workload.duration_s or 0) * 1000
+        for limit in ("p99_ttft_ms", "p99_e2e_latency_ms"):
+            value = getattr(self.objective.slo, limit)
+            if value is not None and window_ms and value >= window_ms:
+                # a run cut at duration_s never observes a wait longer than duration_s
+                raise ValueError(
+                    f"objective: slo.{limit} ({value:g}) must be below workload.duration_s "
+                    f"({window_ms:g} ms): a longer wait cannot be observed in the run"
+                )
         return self
 
     @property

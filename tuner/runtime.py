@@ -227,8 +227,10 @@ def trial_line(cfg: StudyConfig, trial: Any) -> str:
     )
     status = a.get("status") or trial.state.name.lower()
     m = a.get("metrics") or {}
-    if status in ("ok", "slo_missed") and m:
-        what = f"{m.get(cfg.objective.metric, 0):,.1f} {cfg.objective.metric}, p99 TTFT {m.get('p99_ttft_ms', 0):,.0f} ms"
+    if status in ("ok", "slo_missed") and m and trial.values:
+        what = f"{trial.values[0]:,.1f} {cfg.objective.metric}, p99 TTFT {m.get('p99_ttft_ms', 0):,.0f} ms"
+        if status == "slo_missed":
+            what += f" ({a.get('reason', '')})"
     else:
         what = a.get("reason") or a.get("infra_error") or ""
     tags = " [restart]" if a.get("restarted") else ""

@@ -33,6 +33,7 @@ def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) 
         "{python}", "-m", "tuner.sim", "--sim-profile", "qwen2.5-7b-l4", "--sim-startup-seconds", "0.3",
     ]  # fmt: skip
     data["workload"].update(input_len=256, output_len=48, duration_s=2.5, warmup_requests=1)
+    data["objective"]["slo"]["p99_ttft_ms"] = 2000
     data["budget"].update(n_trials=n_trials, confirm_top=1, confirm_repeats=1)
     data["baseline"] = {"mem-fraction-static": 0.98, "concurrency": 16}  # certain CUDA-graph OOM
     for key, value in over.items():

@@ -74,6 +74,11 @@ def test_kinds_are_inferred() -> None:
         ({"baseline": {"mem-fraction-static": 0.8}}, "baseline", "not a searched parameter"),
         ({"study": "no spaces please"}, "study", "letters"),
         ({"sampler": {"name": "cmaes"}}, "sampler.name", "tpe"),
+        (
+            {"objective": {"slo": {"p99_ttft_ms": 9000}}, "workload": {"duration_s": 6}},
+            "objective",
+            "cannot be observed",
+        ),
     ],
 )
 def test_bad_study_names_file_and_key(patch: dict, key: str, fragment: str) -> None:
