@@ -18,25 +18,25 @@ What it models, after SGLang's scheduler.py / schedule_policy.py (v0.5.6):
 from __future__ import annotations
 
 import random
-import zlib
-from bisect import bisect_right
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-from tuner.errors import ConfigError
+from tuner.sim.admission import (
+    CONTINUE,
+    NO_TOKEN,
+    PrefillAdder,
+    SchedReq,
+    abort_reason,
+)
 from tuner.sim.radix import Node, RadixCache, block_size, chain_keys
+from tuner.sim.timing import StepTimeModel
 from tuner.sim.tokens import EOS_TOKEN_ID
 
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
-IGNORE_EOS_RESERVE_TOKENS = 1
 OOM_MESSAGE = "Prefill out of memory. Try to lower your batch size."
-GB = 1e9
-GIB = 2**30
 
 
 class EngineOOM(Exception):
@@ -70,85 +70,6 @@ class EngineParams:
     max_queued_requests: int | None = None
     seed: int = 0
     cuda_graph_max_bs: int | None = None  # decode batches above it run without CUDA graphs
-
-
-@dataclass(frozen=True)
-class StepTimeModel:
-    """Step times of one deployment; the `timing:` section of a simulator profile.
-
-    decode = fixed + weights read + KV read + per-request work (+ no-CUDA-graph penalty);
-    weights read = (dense + moe x fraction of experts the batch touches) / (HBM x efficiency);
-    KV read = kv tokens x bytes per token / (HBM x kv efficiency).
-    prefill = fixed + new tokens x per-token compute + attention pairs x per-pair cost.
-    Noise: each run draws one factor N(1, noise_run_pct%), each step another N(1, noise_step_pct%).
-    """
-
-    decode_fixed_ms: float = 5.0
-    hbm_gbps: float = 2000.0
-    hbm_efficiency: float = 0.7
-    dense_weights_gib: float = 10.0
-    moe_weights_gib: float = 0.0
-    moe_experts: int = 0
-    moe_topk: int = 0
-    kv_read_efficiency: float = 0.5
-    decode_per_req_us: float = 30.0
-    no_cuda_graph_ms: float = 0.0
-    prefill_fixed_ms: float = 5.0
-    prefill_us_per_token: float = 50.0
-    prefill_attn_ns_per_pair: float = 0.5
-    pcie_gbps: float = 25.0
-    hicache_write_overlap: float = 0.8  # share of background host writes hidden behind compute
-    noise_run_pct: float = 2.0
-    noise_step_pct: float = 1.0
-    bytes_per_token: int = 0  # set by Engine from the model, not from the profile
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> StepTimeModel:
-        """Parse a profile's `timing:` mapping; unknown keys and non-numbers are errors."""
-        known = {f.name for f in fields(cls)} - {"bytes_per_token"}
-        values: dict[str, Any] = {}
-        for key, value in (mapping or {}).items():
-            if key not in known:
-                raise ConfigError("unknown key", key=f"timing.{key}")
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"expected a number >= 0, got {value!r}", key=f"timing.{key}")
-            values[key] = int(value) if key in ("moe_experts", "moe_topk") else float(value)
-        for key in ("hbm_gbps", "hbm_efficiency", "kv_read_efficiency", "pcie_gbps"):
-            if key in values and values[key] <= 0:
-                raise ConfigError("must be positive", key=f"timing.{key}")
-        if values.get("moe_topk", 0) > values.get("moe_experts", 0):
-            raise ConfigError("must not exceed timing.moe_experts", key="timing.moe_topk")
-        return cls(**values)
-
-    def decode_s(self, batch: int, kv_tokens: int, cuda_graph: bool = True) -> float:
-        """Seconds of one decode step for `batch` requests attending `kv_tokens` in total."""
-        if batch <= 0:
-            return 0.0
-        frac = 0.0
-        if self.moe_experts:
-            frac = 1.0 - (1.0 - self.moe_topk / self.moe_experts) ** batch
-        weights = (self.dense_weights_gib + self.moe_weights_gib * frac) * GIB
-        t = self.decode_fixed_ms / 1e3
-        t += weights / (self.hbm_gbps * self.hbm_efficiency * GB)
-        t += kv_tokens * self.bytes_per_token / (self.hbm_gbps * self.kv_read_efficiency * GB)
-        t += batch * self.decode_per_req_us / 1e6
-        if not cuda_graph:
-            t += self.no_cuda_graph_ms / 1e3
-        return t
-
-    def prefill_s(self, new_tokens: int, attn_pairs: float = 0.0) -> float:
-        """Seconds of one prefill batch of `new_tokens` with `attn_pairs` (query, key) pairs."""
-        if new_tokens <= 0:
-            return 0.0
-        return (
-            self.prefill_fixed_ms / 1e3
-            + new_tokens * self.prefill_us_per_token / 1e6
-            + attn_pairs * self.prefill_attn_ns_per_pair / 1e9
-        )
-
-    def load_back_s(self, tokens: int) -> float:
-        """Seconds to copy `tokens` of KV between host and GPU over PCIe (either direction)."""
-        return tokens * self.bytes_per_token / (self.pcie_gbps * GB)
 
 
 @dataclass(frozen=True)
@@ -196,185 +117,6 @@ class EngineStats:
     clock_s: float
 
 
-class _Req:
-    """A request inside the scheduler (mutable; never leaves this module)."""
-
-    __slots__ = (
-        "alloc", "cached", "extend", "filled", "ignore_eos", "index", "keys", "max_new", "out",
-        "path", "prefix", "prompt_len", "reason", "rid", "rid_seed", "seen", "start", "state",
-        "stop_after", "times",
-    )  # fmt: skip
-
-    def __init__(self, rid: str, prompt_len: int, keys: list[int], max_new: int, stop: int | None):
-        self.rid = rid
-        self.rid_seed = zlib.crc32(rid.encode())
-        self.prompt_len = prompt_len
-        self.keys = keys  # chain keys of the prompt's full blocks
-        self.max_new = max_new
-        self.stop_after = stop
-        self.ignore_eos = stop is None
-        self.out = 0  # tokens generated
-        self.path: list[Node] = []  # locked cache nodes (the shared prefix)
-        self.alloc = 0  # private KV slots beyond the prefix, page-rounded
-        self.prefix = 0  # tokens in `path`
-        self.filled = 0  # tokens whose KV exists (prefix + private)
-        self.extend = 0  # tokens prefilled in the current batch
-        self.cached = 0  # cached tokens at first admission (reported)
-        self.seen = False  # admitted at least once
-        self.state = "waiting"  # waiting | chunked | running | done
-        self.reason: dict | None = None  # finish reason once done
-        self.index = -1  # closed-loop bookkeeping
-        self.start = 0.0
-        self.times: list[float] | None = None  # token times, only when run_closed_loop tracks
-
-    @property
-    def fill_len(self) -> int:
-        return self.prompt_len + self.out
-
-
-def _abort(message: str) -> dict:
-    return {"type": "abort", "message": message}
-
-
-_CONTINUE, _NO_TOKEN, _OTHER = 0, 1, 2
-
-
-class _Adder:
-    """One round of SGLang's PrefillAdder: the token budgets of a prefill batch being formed."""
-
-    def __init__(self, eng: Engine, running_bs: int):
-        p = eng.params
-        self.eng = eng
-        self.rem_input = p.max_prefill_tokens
-        self.rem_chunk: int | None = p.chunked_prefill_size if p.chunked_prefill_size > 0 else None
-        ratio = eng._ratio
-        # What running requests may still write, at the current estimate of how much they will.
-        self.offset = sum(
-            min(max(r.max_new - r.out, 0), CLIP_MAX_NEW_TOKENS) * ratio for r in eng._running
-        )
-        self.cur_rem = eng._free() + eng._evictable()
-        self.can_run: list[_Req] = []
-        self.new_chunked: _Req | None = None
-        self.log_hit = 0
-        self.log_input = 0
-        self.load_tokens = 0
-        self.req_states: list[tuple[float, int]] | None = None
-
-    def rem_total(self) -> float:
-        return self.eng._free() + self.eng._evictable() - self.offset
-
-    def _budget(self, prefix: int, input_tokens: int, max_new: int) -> None:
-        self.offset += input_tokens + max_new
-        self.cur_rem -= input_tokens
-        self.rem_input -= input_tokens
-        if self.rem_chunk is not None:
-            self.rem_chunk -= input_tokens
-        self.log_hit += prefix
-        self.log_input += input_tokens
-
-    def _state(self) -> int:
-        if self.rem_total() <= 0 or self.cur_rem <= 0:
-            return _NO_TOKEN
-        if self.rem_input <= 0 or (self.rem_chunk is not None and self.rem_chunk <= 0):
-            return _OTHER
-        return _CONTINUE
-
-    def add_chunked(self, req: _Req) -> None:
-        """The request being chunk-prefilled gets the next chunk first."""
-        assert self.rem_chunk is not None
-        rem = min(self.rem_chunk, int(self.rem_total()))
-        need = req.fill_len - req.filled
-        truncated = need > rem
-        req.extend = max(min(need, rem), min(need, self.eng._page))
-        self.can_run.append(req)
-        self._budget(0, req.extend, 0 if truncated else min(req.max_new, CLIP_MAX_NEW_TOKENS))
-        self.new_chunked = req if truncated else None
-
-    def add_one(self, req: _Req) -> int:
-        """Try to admit one waiting request (SGLang's add_one_req)."""
-        eng = self.eng
-        cache = eng._cache
-        gpu: list[Node] = []
-        host: list[Node] = []
-        if cache is not None:
-            gpu, host = cache.match(req.keys, (req.fill_len - 1) // eng._block)
-        prefix = len(gpu) * eng._block
-        extend = req.fill_len - prefix
-        if cache is None and req.ignore_eos:
-            if not self._fits_ignore_eos(req, extend):
-                return _NO_TOKEN
-        else:
-            total = extend + min(max(req.max_new - req.out, 0), CLIP_MAX_NEW_TOKENS)
-            if total >= self.rem_total():
-                return _NO_TOKEN
-            if eng._page_ceil(extend) >= self.rem_input and self.can_run:
-                return _OTHER
-            if cache is not None:
-                cache.lock(gpu)
-                if total >= self.rem_total():  # locking our own prefix made it unevictable
-                    cache.unlock(gpu, eng._tick)
-                    return _NO_TOKEN
-        load = 0
-        if host and cache is not None and eng._ensure_free(len(host) * eng._block):
-            cache.load_back(host)
-            cache.lock(host)
-            gpu = gpu + host
-            load = len(host) * eng._block
-            prefix += load
-            extend -= load
-        input_tokens = eng._page_ceil(extend)
-        if input_tokens >= self.rem_input and self.can_run:
-            if cache is not None:
-                cache.unlock(gpu, eng._tick)
-            return _OTHER
-        if self.rem_chunk is None or input_tokens <= self.rem_chunk:
-            req.extend = extend
-            max_new = min(req.max_new, CLIP_MAX_NEW_TOKENS)
-        else:
-            trunc = self.rem_chunk // eng._page * eng._page
-            if trunc <= 0:
-                if cache is not None:
-                    cache.unlock(gpu, eng._tick)
-                return _OTHER
-            req.extend = trunc
-            input_tokens = trunc
-            max_new = 0
-            self.new_chunked = req
-        eng._accept(req, gpu, prefix, load)
-        self.load_tokens += load
-        self.can_run.append(req)
-        self._budget(prefix, input_tokens, max_new)
-        return self._state()
-
-    def _fits_ignore_eos(self, req: _Req, extend: int) -> bool:
-        """SGLang's add_one_req_ignore_eos: admit only if every request can run to the end."""
-        if self.eng._page_ceil(extend) > min(self.cur_rem, self.rem_total()):
-            return False
-        ratio = self.eng._ratio
-
-        def state(r: _Req) -> tuple[float, int] | None:
-            left = r.max_new * (1.0 if r.ignore_eos else ratio) - r.out
-            return (left, r.prompt_len + r.out) if left > 0 else None
-
-        if self.req_states is None:
-            found = [state(r) for r in (req, *self.eng._running, *self.can_run)]
-            self.req_states = sorted((s for s in found if s is not None), key=lambda s: s[0])
-        else:
-            s = state(req)
-            if s is not None:
-                keys = [x[0] for x in self.req_states]
-                self.req_states.insert(bisect_right(keys, s[0]), s)
-        cur = self.cur_rem - req.prompt_len
-        freed = 0
-        n = len(self.req_states)
-        for i, (left, occupied) in enumerate(self.req_states):
-            bs = n - i
-            if cur + freed - left * bs <= IGNORE_EOS_RESERVE_TOKENS * bs:
-                return False
-            freed += occupied
-        return True
-
-
 class Engine:
     """SGLang's scheduler on a virtual clock: add requests, call `step()` while `has_work()`."""
 
@@ -404,11 +146,11 @@ class Engine:
         self._min_ratio = min(self._init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self._decay = (self._init_ratio - self._min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self._ratio = self._init_ratio
-        self._reqs: dict[str, _Req] = {}
-        self._waiting: list[_Req] = []
-        self._running: list[_Req] = []
-        self._chunked: _Req | None = None
-        self._pending: list[_Req] = []  # aborted, reported by the next step
+        self._reqs: dict[str, SchedReq] = {}
+        self._waiting: list[SchedReq] = []
+        self._running: list[SchedReq] = []
+        self._chunked: SchedReq | None = None
+        self._pending: list[SchedReq] = []  # aborted, reported by the next step
         self._private = 0  # KV slots held by requests outside the cache tree
         self._kv_sum = 0  # KV tokens the running batch attends
         self._batch_full = False
@@ -448,14 +190,14 @@ class Engine:
         keys = chain_keys(input_ids, self._block) if self._cache is not None else []
         max_new = max(1, min(max_new_tokens, p.context_len - n - 1))
         stop = None if stop_after is None else max(1, stop_after)
-        req = _Req(rid, n, keys, max_new, stop)
+        req = SchedReq(rid, n, keys, max_new, stop)
         req.start = self._clock
         if self._track:
             req.times = []
         limit = min(p.context_len - 1, self._total - 1)
         if n > limit:
             req.state = "done"
-            req.reason = _abort(
+            req.reason = abort_reason(
                 f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
                 "Use a shorter input or enable --allow-auto-truncate."
             )
@@ -481,7 +223,7 @@ class Engine:
             self._release(req)
             self._shrunk = True
         req.state = "done"
-        req.reason = _abort(message)
+        req.reason = abort_reason(message)
         self._pending.append(req)
 
     def has_work(self) -> bool:
@@ -567,7 +309,7 @@ class Engine:
             self._cache.evict(tokens - free, self._tick)
         return self._free() >= tokens
 
-    def _accept(self, req: _Req, path: list[Node], prefix: int, load: int) -> None:
+    def _accept(self, req: SchedReq, path: list[Node], prefix: int, load: int) -> None:
         """The adder took `req` with `path` (locked) as its prefix."""
         req.path = path
         req.prefix = prefix
@@ -580,7 +322,7 @@ class Engine:
             req.cached = prefix
         self._c["load_back"] += load
 
-    def _release(self, req: _Req) -> None:
+    def _release(self, req: SchedReq) -> None:
         """Give back a request's KV: unlock its prefix, free its private slots."""
         if self._cache is not None and req.path:
             self._cache.unlock(req.path, self._tick)
@@ -590,7 +332,7 @@ class Engine:
         req.alloc = 0
         req.filled = 0
 
-    def _insert(self, req: _Req, keys: Sequence[int]) -> None:
+    def _insert(self, req: SchedReq, keys: Sequence[int]) -> None:
         """Move the request's full blocks into the cache tree (SGLang's cache_*_req)."""
         if self._cache is None or len(keys) <= len(req.path):
             return
@@ -599,7 +341,7 @@ class Engine:
         req.alloc -= added
         self._private -= added
 
-    def _finish(self, req: _Req, reason: dict) -> None:
+    def _finish(self, req: SchedReq, reason: dict) -> None:
         req.state = "done"
         req.reason = reason
         self._reqs.pop(req.rid, None)
@@ -618,7 +360,7 @@ class Engine:
         c["gen"] += req.out
         c["cached"] += req.cached
 
-    def _finish_reason(self, req: _Req) -> dict | None:
+    def _finish_reason(self, req: SchedReq) -> dict | None:
         if req.out >= req.max_new:
             return {"type": "length", "length": req.max_new}
         if req.stop_after is not None and req.out >= req.stop_after:
@@ -627,17 +369,25 @@ class Engine:
 
     # --- one iteration -----------------------------------------------------------------------
 
-    def _advance(self) -> tuple[float, list[_Req], list[_Req], list[str]]:
+    def _advance(self) -> tuple[float, list[SchedReq], list[SchedReq], list[str]]:
         """(duration, requests given a token, requests finished or aborted, log lines)."""
         if self._dead:
             raise EngineOOM()
         self._tick += 1
         finished, self._pending = self._pending, []
         logs: list[str] = []
-        touched: list[_Req] = []
+        touched: list[SchedReq] = []
+        if not self._running:
+            self._batch_full = False  # an empty running batch is never full
         duration = self._prefill(touched, finished, logs)
         if duration is None:
-            duration = self._decode(touched, finished, logs) if self._running else 0.0
+            if self._shrunk:  # SGLang's update_running_batch: finished requests left the batch
+                self._batch_full = False
+                self._shrunk = False
+                if not self._running:  # nothing to decode: the next iteration prefills
+                    duration = self._prefill(touched, finished, logs)
+            if duration is None:
+                duration = self._decode(touched, finished, logs) if self._running else 0.0
         if not self._running and not self._chunked:
             self._ratio = self._init_ratio  # SGLang resets the estimate when idle
         self._clock += duration
@@ -659,7 +409,7 @@ class Engine:
             # Longest cached prefix first; SGLang falls back to FCFS above 128 waiting requests.
             cache, block = self._cache, self._block
 
-            def hit(r: _Req) -> int:
+            def hit(r: SchedReq) -> int:
                 gpu, _ = cache.match(r.keys, (r.fill_len - 1) // block)
                 return len(gpu)
 
@@ -669,12 +419,10 @@ class Engine:
         elif policy == "random":
             self._rng.shuffle(waiting)
 
-    def _prefill(self, touched: list[_Req], finished: list[_Req], logs: list[str]) -> float | None:
-        """Form and run a prefill batch (SGLang's get_new_batch_prefill); None when there is none."""
-        if self._shrunk and not self._running:
-            # SIM-SERVER fix: the running batch emptied, so no decode step will reset the flag
-            self._batch_full = False
-            self._shrunk = False
+    def _prefill(
+        self, touched: list[SchedReq], finished: list[SchedReq], logs: list[str]
+    ) -> float | None:
+        """Form and run a prefill batch (SGLang's get_new_batch_prefill), or return None."""
         if (self._batch_full or not self._waiting) and self._chunked is None:
             return None
         running_bs = len(self._running)
@@ -684,7 +432,7 @@ class Engine:
             return None
         if self._waiting:
             self._sort_waiting()
-        adder = _Adder(self, running_bs)
+        adder = PrefillAdder(self, running_bs)
         old_chunked = self._chunked
         if old_chunked is not None:
             adder.add_chunked(old_chunked)
@@ -698,21 +446,21 @@ class Engine:
             res = adder.add_one(req)
             if len(adder.can_run) > before:
                 taken += 1
-            if res != _CONTINUE:
-                if res == _NO_TOKEN:
-                    head_blocked = len(adder.can_run) == 0
+            if res != CONTINUE:
+                head_blocked = not adder.can_run
+                if res == NO_TOKEN:
                     if self._cache is not None and self._cache.hicache:
                         self._batch_full = bool(adder.can_run) or bool(self._running)
                     else:
                         self._batch_full = True
                 break
         if head_blocked and not self._running and old_chunked is None:
-            # Nothing runs and the head can never fit (prompt + clipped output >= the pool):
-            # SGLang would wait forever; the simulator aborts it so a run cannot hang.
+            # Nothing runs and the head can never be admitted (prompt + clipped output >= the
+            # pool): SGLang would wait forever; the simulator aborts it so a run cannot hang.
             req = self._waiting.pop(0)
             self._reqs.pop(req.rid, None)
             req.state = "done"
-            req.reason = _abort("The request does not fit in the KV cache pool.")
+            req.reason = abort_reason("The request does not fit in the KV cache pool.")
             finished.append(req)
             self._batch_full = False
             return 0.0
@@ -771,11 +519,8 @@ class Engine:
                 self._kv_sum += r.filled
         return duration
 
-    def _decode(self, touched: list[_Req], finished: list[_Req], logs: list[str]) -> float:
+    def _decode(self, touched: list[SchedReq], finished: list[SchedReq], logs: list[str]) -> float:
         """One decode step of the running batch (retracting first if the pool is full)."""
-        if self._shrunk:
-            self._batch_full = False
-            self._shrunk = False
         self._retracted_last = 0
         if not self._ensure_free(self._decode_need(self._running)):
             logs.append(self._retract())
@@ -789,7 +534,7 @@ class Engine:
         duration = self._noisy(self.timing.decode_s(bs, self._kv_sum, cuda_graph))
         t_end = self._clock + duration
         page = self._page
-        done: list[_Req] = []
+        done: list[SchedReq] = []
         if page == 1:
             self._private += bs
         for r in running:
@@ -829,7 +574,7 @@ class Engine:
             )
         return duration
 
-    def _decode_need(self, reqs: Sequence[_Req]) -> int:
+    def _decode_need(self, reqs: Sequence[SchedReq]) -> int:
         """KV slots the next decode step allocates (a page for each request at a page end)."""
         page = self._page
         if page == 1:
@@ -839,7 +584,7 @@ class Engine:
     def _retract(self) -> str:
         """Free KV by sending the youngest, longest-prompt requests back to the queue."""
         order = sorted(self._running, key=lambda r: (r.out, -r.prompt_len), reverse=True)
-        retracted: list[_Req] = []
+        retracted: list[SchedReq] = []
         first = True
         while first or not self._ensure_free(self._decode_need(order)):
             if len(order) == 1:
