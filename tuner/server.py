@@ -30,7 +30,7 @@ from tuner.launch import LaunchSpec
 log = logging.getLogger(__name__)
 
 FAILURE_CLASSES = (
-    "oom_cuda_graph",  # mfs too high: CUDA graph capture ran out of memory
+    "oom_cuda_graph",  # mfs too high: start-up OOM after the weights (graph capture, KV pool)
     "oom_runtime",  # a prefill/decode ran out of memory (often under load, after ready)
     "not_enough_memory",  # mfs too low / weights too big: no room for the KV pool
     "host_memory",  # HiCache host pool too large, or not larger than the device pool
@@ -54,13 +54,13 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("not_enough_memory", r"not enough memory\. please try to increase --mem-fraction-static"),
         ("oom_runtime", r"(prefill|decode) out of memory"),
         ("port_in_use", r"address already in use|\[errno 98\]"),
+        ("bad_flag", r"arguments .* are mutually exclusive"),  # SGLang's own flag checks
     )
 )
 _ARGPARSE = re.compile(r": error: (unrecognized arguments|argument |invalid |the following)", re.I)
 _CUDA_OOM = re.compile(r"cuda out of memory|outofmemoryerror|cuda error: out of memory", re.I)
 _READY = re.compile(r"The server is fired up and ready to roll", re.I)
 _WEIGHTS_LOADED = re.compile(r"Load weight end|KV Cache is allocated", re.I)
-_KV_ALLOCATED = re.compile(r"KV Cache is allocated", re.I)
 
 
 def explain_failure(exit_code: int | None, log_tail: Sequence[str]) -> tuple[str, str]:
@@ -80,11 +80,11 @@ def explain_failure(exit_code: int | None, log_tail: Sequence[str]) -> tuple[str
         text = "\n".join(lines)
         if _READY.search(text):
             return "oom_runtime", oom.strip()
-        if _KV_ALLOCATED.search(text):
-            return "oom_cuda_graph", oom.strip()
         if not _WEIGHTS_LOADED.search(text):
             return "not_enough_memory", oom.strip()
-        return "oom_runtime", oom.strip()
+        # after the weights, before ready: the KV pool or the CUDA graphs did not fit, i.e. mfs
+        # too high -- the same lesson as a graph-capture OOM, so the same class
+        return "oom_cuda_graph", oom.strip()
     last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
     why = f"exit code {exit_code}" if exit_code is not None else "killed by a signal"
     return "crashed", f"{why}: {last}" if last else why
@@ -299,11 +299,14 @@ class Server:
         run, self._running = self._running, None
         if run is None:
             return 0.0
-        members = self.host.group_pids(run.pgid)
-        if not members:
-            return self._clock() - t0
-        if run.pgid in members:
-            leader = self.host.cmdline(run.pgid) or ""
+        leader = self.host.cmdline(run.pgid)
+        if leader is None:  # the leader is gone; its children keep the pgid from being reused
+            members = self.host.group_pids(run.pgid)
+            if not members:
+                return self._clock() - t0
+        else:
+            # the GPU check needs every member (SGLang's scheduler children hold the memory)
+            members = self.host.group_pids(run.pgid) if self.gpus() else [run.pgid]
             if run.command not in leader:
                 # the pid was reused by another process since: not ours to kill
                 log.warning(
@@ -413,7 +416,8 @@ class Server:
                 False, "crashed", "ready, but /get_server_info and /server_info failed", **base
             )
         pid = info.get("pid")
-        members = self.host.group_pids(run.pgid)
+        # the answer came from a live server; only a reported pid lets us tell whose it is
+        members = self.host.group_pids(run.pgid) if isinstance(pid, int) else [run.pgid]
         if not members:  # ours died between /health and now: a death, not a stale server
             self._running = None
             code, tail = self._exit_and_tail(run.log_path)

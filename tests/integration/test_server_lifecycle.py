@@ -246,3 +246,65 @@ def test_dropped_connection_during_the_wait_is_survived(sshd_server, tmp_path: P
     finally:
         t.cleanup()
         host.close()
+
+
+# -- the real simulator (`python -m tuner.sim`) ---------------------------------------------
+
+SIM_STARTUP = 1.0
+
+
+def sim_spec(port: int, *extra: str, flags: dict | None = None) -> LaunchSpec:
+    argv = (sys.executable, "-m", "tuner.sim", "--model-path", "sim/model", "--port", str(port))
+    argv += ("--sim-profile", "llama-3.1-8b-h100", "--sim-startup-seconds", str(SIM_STARTUP))
+    return LaunchSpec(argv=(*argv, *extra), port=port, flags=flags or {}, cwd="/")
+
+
+def test_restart_cycle_on_the_simulator(tracker: Tracker) -> None:
+    """stop, start, ready, verify on `tuner sim`; the tuner's own share of each restart."""
+    port = free_port()
+    results = []
+    for mfs in (0.8, 0.85, 0.8):
+        flags = {"mem-fraction-static": mfs, "schedule-policy": "lpm"}
+        res = tracker.restart(
+            sim_spec(
+                port, "--mem-fraction-static", str(mfs), "--schedule-policy", "lpm", flags=flags
+            )
+        )
+        assert res.ok, res
+        assert res.mem_fraction_static == mfs and res.version
+        assert res.max_running_requests and res.max_total_num_tokens
+        results.append(res)
+    # a larger static fraction buys a larger KV pool; the same flags give the same pool
+    assert results[1].max_total_num_tokens > results[0].max_total_num_tokens
+    assert results[2].max_total_num_tokens == results[0].max_total_num_tokens
+    for r in results[:-1]:
+        assert_group_gone(r.pgid)
+    tracker.server.stop()
+    assert_group_gone(results[-1].pgid)
+    # the second and third restarts include stopping the previous server (SIGTERM drain)
+    for r in results:
+        t = r.timings
+        print(
+            f"\n{tracker.server.host.name}: restart total {t.total_s:.2f} s, stop {t.stop_s:.2f}, "
+            f"start->ready {t.start_to_ready_s:.2f} (sim start-up {SIM_STARTUP}), "
+            f"overhead {t.overhead_s:.2f}, beyond start-up {t.total_s - SIM_STARTUP:.2f}"
+        )
+        assert t.start_to_ready_s >= SIM_STARTUP
+        assert t.overhead_s < 15  # generous: 2 shared cores under a parallel test load
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (("--mem-fraction-static", "0.1"), "not_enough_memory"),
+        (("--mem-fraction-static", "0.99"), "oom_cuda_graph"),
+        (("--enable-hierarchical-cache", "--hicache-size", "100000"), "host_memory"),
+        (("--hicache-size", "1.5"), "bad_flag"),
+    ],
+)
+def test_simulator_failures_are_classified(
+    tracker: Tracker, extra: tuple[str, ...], expected: str
+) -> None:
+    res = tracker.restart(sim_spec(free_port(), *extra))
+    assert (res.ok, res.failure) == (False, expected), res
+    assert res.evidence and res.exit_code in (1, 2, 137)

@@ -99,6 +99,14 @@ CASES = [
         ],
     ),
     ("crashed", 137, crash("KeyError: 'model.layers.0.mlp.gate_proj.weight'")),
+    (
+        "bad_flag",
+        1,
+        [
+            "ValueError: The arguments enable-hierarchical-cache and disable-radix-cache are "
+            "mutually exclusive and cannot be used at the same time. Please use only one of them."
+        ],
+    ),
     ("crashed", None, []),
 ]
 
@@ -126,6 +134,8 @@ def test_bare_cuda_oom_is_placed_by_start_up_phase() -> None:
     assert (
         classify_failure(137, ["Loading safetensors checkpoint shards", oom]) == "not_enough_memory"
     )
+    weights = P + "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=64.15 GB"
+    assert classify_failure(137, [weights, oom]) == "oom_cuda_graph"  # the KV pool did not fit
     kv = P + "KV Cache is allocated. #tokens: 450000, K size: 27.47 GB, V size: 27.47 GB"
     assert classify_failure(137, [kv, oom]) == "oom_cuda_graph"
     ready = P + "The server is fired up and ready to roll!"
