@@ -190,3 +190,18 @@ def test_prefill_oom_in_the_band_kills_the_server_under_load():
 
 def test_free_port_helper_gives_distinct_ports():
     assert free_port() != 0
+
+
+def test_sigterm_during_startup_exits_promptly():
+    proc = SimProc.start(["--sim-startup-seconds", "20"])
+    try:
+        deadline = time.monotonic() + 20
+        while proc.health() != 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert time.monotonic() - t0 < 5
+        assert "SIGTERM received" in proc.log() and "fired up" not in proc.log()
+    finally:
+        proc.kill()

@@ -163,20 +163,30 @@ class SimServer:
             self.log(line.text, scheduler=line.scheduler, raw=not prefixed)
         return failure.exit_code
 
+    async def _until(self, when: float) -> bool:
+        """Sleep until loop time `when`; True if SIGTERM came first (start-up is abandoned)."""
+        delay = when - asyncio.get_running_loop().time()
+        if not self.stop.is_set() and delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+        return self.stop.is_set()
+
     async def _play_script(self, t0: float) -> int | None:
-        """Print the start-up lines on schedule; an exit code if start-up fails."""
+        """Print the start-up lines on schedule; an exit code if start-up fails or is stopped."""
         total = self.ns.sim_startup_seconds
-        loop = asyncio.get_running_loop()
         args = ", ".join(f"{k}={v!r}" for k, v in self.server_args().items())
         self.log(f"server_args=ServerArgs({args})")
         for phase in self.script.phases:
-            await asyncio.sleep(max(0.0, t0 + phase.at * total - loop.time()))
+            if await self._until(t0 + phase.at * total):
+                return 0
             for line in phase.lines:
                 self.log(line.text, scheduler=line.scheduler)
         if self.script.failure is not None:
-            await asyncio.sleep(max(0.0, t0 + self.script.failure.at * total - loop.time()))
+            if await self._until(t0 + self.script.failure.at * total):
+                return 0
             return self._print_failure()
-        await asyncio.sleep(max(0.0, t0 + self.script.bind_at * total - loop.time()))
+        if await self._until(t0 + self.script.bind_at * total):
+            return 0
         return None
 
     async def run(self) -> int:
@@ -207,8 +217,6 @@ class SimServer:
             code = await self._play_script(t0)
             if code is not None:
                 return code
-            if self.stop.is_set():
-                return 0
             if not bound:
                 self.log(bind_error_line(self.ns.host, self.ns.port), raw=True)
                 return EXIT_MAIN_EXCEPTION
