@@ -374,3 +374,20 @@ def test_kimi_calibration_about_50_running_near_830_tokens_per_second():
     assert 45 <= statistics.median(running[mid]) <= 56
     assert 780 <= statistics.median(thr[mid]) <= 890
     assert max(decode_field(logs, "#queue-req")) > 0
+
+
+def test_a_single_request_outgrowing_the_pool_is_aborted():
+    # Admission estimates at most 4,096 output tokens: 5,000 + 4,096 < 10,000 admits it, but
+    # 8,000 output tokens cannot fit; SGLang asserts, the simulator aborts it.
+    eng = Engine(EngineParams(max_total_tokens=10_000, max_running_requests=4), QUIET, BPT)
+    eng.add_request("a", list(range(5000)), 8000)
+    last = None
+    for _ in range(10_000):
+        if not eng.has_work():
+            break
+        for ev in eng.step().events:
+            last = ev
+    assert last is not None and last.finished
+    assert last.finish_reason["type"] == "abort"
+    assert 4000 < last.completion_tokens < 5100
+    assert eng.stats().num_used_tokens == 0

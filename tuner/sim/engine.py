@@ -524,6 +524,15 @@ class Engine:
         self._retracted_last = 0
         if not self._ensure_free(self._decode_need(self._running)):
             logs.append(self._retract())
+            if not self._ensure_free(self._decode_need(self._running)):
+                # One request left whose output outgrew the whole pool (its max_new_tokens
+                # above the 4096-token estimate clip): SGLang asserts; the simulator aborts it.
+                for r in self._running:
+                    self._kv_sum -= r.filled
+                    self._finish(r, abort_reason("No space left for only one request"))
+                finished.extend(self._running)
+                self._running = []
+                return 0.0
         else:
             self._ratio = max(self._ratio - self._decay, self._min_ratio)
         running = self._running
