@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tuner.sim.engine import Engine, EngineParams, SimRequest, StepTimeModel
+from tuner.sim.engine import Engine, EngineParams, SimRequest, StepTimeModel, run_closed_loop
 from tuner.sim.profile import load_profile
 
 pytestmark = pytest.mark.bench
@@ -110,15 +110,25 @@ def curve(name: str, n_requests: int = 768) -> list[Point]:
     return [run_point(params, timing, bpt, reqs, c) for c in CONCURRENCY]
 
 
+def closed_loop_speedup(name: str, concurrency: int, n_requests: int = 768) -> float:
+    """Simulated seconds per wall second of run_closed_loop (no per-step event objects)."""
+    params, timing, bpt = profile_engine_inputs(name)
+    reqs = workload(n_requests)
+    t0 = time.perf_counter()
+    res = run_closed_loop(params, timing, bpt, reqs, concurrency)
+    return max(r.end_s for r in res) / (time.perf_counter() - t0)
+
+
 def main() -> None:
     for name in PROFILES:
         print(f"\n{name}")
-        print(" conc  out tok/s  log tok/s  running  retracted   sim s   wall s  speedup")
+        print(" conc  out tok/s  log tok/s  running  retracted   sim s   wall s  step() x  loop x")
         for p in curve(name):
+            loop = closed_loop_speedup(name, p.concurrency) if p.concurrency in (64, 256) else 0
             print(
                 f"{p.concurrency:5d} {p.output_tok_s:10.0f} {p.log_gen_tok_s:10.0f} "
                 f"{p.running:8.0f} {p.retracted:10d} {p.sim_s:7.0f} {p.wall_s:8.2f} "
-                f"{p.speedup:8.0f}x"
+                f"{p.speedup:8.0f}x {loop:6.0f}x"
             )
 
 
