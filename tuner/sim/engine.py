@@ -10,7 +10,9 @@ What it models, after SGLang's scheduler.py / schedule_policy.py (v0.5.6):
   steps, resets when idle, jumps after a retraction (KV full during decode);
 - `--disable-radix-cache` with requests that run to max_new_tokens: SGLang's exact "will they
   all finish" admission (add_one_req_ignore_eos), which never retracts;
-- a radix prefix cache and HiCache host tier (radix.py); load-back is costed by PCIe;
+- a radix prefix cache and HiCache host tier (radix.py); load-back is costed by PCIe. Matches
+  are whole 16-token blocks (or pages); a finished request's generated tokens stay cached under
+  keys no prompt can match, so a multi-turn follow-up reuses its earlier prompt, not the answer;
 - a memory-bound decode step time and a compute-bound prefill time (StepTimeModel) with a
   seeded run-level and step-level noise.
 """
@@ -714,3 +716,9 @@ def run_closed_loop(
             issue(eng.clock_s)
     results.sort(key=lambda t: t.index)
     return results
+
+
+__all__ = [
+    "Engine", "EngineOOM", "EngineParams", "EngineStats", "QueueFull", "RequestTiming",
+    "SimRequest", "Step", "StepTimeModel", "TokenEvent", "run_closed_loop",
+]  # fmt: skip
