@@ -65,6 +65,7 @@ class SSHSection(Model):
     connect_timeout_s: Duration = 10
     banner_timeout_s: Duration = 15
     auth_timeout_s: Duration = 15
+    channel_timeout_s: Duration = 10
     command_timeout_s: Duration = 60
     reconnect_attempts: int = Field(3, ge=1, le=20)
 
@@ -77,6 +78,7 @@ class Timeouts(Model):
     port_free_s: Duration = 30
     gpu_free_s: Duration = 120
     poll_s: Duration = 1.0
+    http_s: Duration = 5  # one /health or /get_server_info request
 
 
 class TargetSection(Model):

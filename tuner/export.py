@@ -84,8 +84,8 @@ def render_yaml(data: dict[str, Any]) -> str:
     header = [
         f"SGLang launch config exported by tuner from study '{data['study']}', trial {data['trial']}",
         "  use: python -m sglang.launch_server --config best.yaml",
-        f"measured: {m.get('output_throughput', 0):,.1f} output tok/s, "
-        f"{m.get('total_throughput', 0):,.1f} total tok/s, {m.get('request_throughput', 0):.2f} req/s",
+        f"measured: {data['value']:,.1f} {data['objective']} (tokens received in the "
+        f"{m.get('duration', 0):.0f} s window), {m.get('request_throughput', 0):.2f} req/s completed",
         f"latency p99: TTFT {m.get('p99_ttft_ms', 0):,.0f} ms, TPOT {m.get('p99_tpot_ms', 0):,.1f} ms, "
         f"ITL {m.get('p99_itl_ms', 0):,.1f} ms",
     ]
@@ -101,7 +101,8 @@ def render_yaml(data: dict[str, Any]) -> str:
     server = data["server"]
     header.append(
         f"server: SGLang {server.get('version', '?')}, max_total_num_tokens "
-        f"{server.get('max_total_num_tokens', '?')}, GPU {server.get('gpu', '?')}"
+        f"{server.get('max_total_num_tokens', '?')}, "
+        + (f"GPU {server['gpu']}" if "gpu" in server else "GPU not reported (no nvidia-smi)")
     )
     header.append(f"exported {data['exported_at']}; --api-key, if any, goes on the command line")
     header.append("")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,8 @@ SLO_METRICS = {  # constraint key -> (slo field, metrics JSON key)
 }
 #: objective value of a configuration that did not run: worse than anything measured
 PESSIMISTIC_LATENCY_MS = 1e7
+#: after a run stopped by errors, how long to watch for the server's death before blaming errors
+DEATH_GRACE_S = 5.0
 
 
 class StartResultLike(Protocol):
@@ -143,6 +146,8 @@ class TrialRunner:
         env: Mapping[str, str] | None = None,
         secret_flags: Mapping[str, str] | None = None,
         launch_template: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.cfg = cfg
         self.server = server
@@ -154,6 +159,7 @@ class TrialRunner:
         self.env = dict(env or {})
         self.secret_flags = dict(secret_flags or {})  # e.g. api-key, read from the environment
         self.launch_template = list(launch_template or cfg.target.launch)
+        self.clock, self.sleep = clock, sleep
         self._running_key: str | None = None  # canonical server flags of the live server
         self.restarts = 0
         self.reuses = 0
@@ -207,7 +213,7 @@ class TrialRunner:
             info = {}
         concurrency = int(client_params(params).get("concurrency", 1))
         load = self.run_load(self.base_url, concurrency)
-        died = self.server.check()
+        died = self._death_after(load)
         metrics = self.score(load)
         self._save_metrics(trial_dir, metrics, load)
         self._save_log(trial_dir)
@@ -221,9 +227,9 @@ class TrialRunner:
         constraints = slo_constraints(self.cfg, metrics)
         values = objective_values(self.cfg, metrics)
         status, reason = "ok", ""
-        if load.flagged:
-            # the client lagged or the error budget ran out: not a measurement of the server
-            status, reason = "flagged", f"load run not trusted (stopped: {load.stopped})"
+        if load.flagged and load.stopped != "error_budget":
+            # the client itself lagged: this measured the client, not the server
+            status, reason = "flagged", "load run not trusted: the client lagged"
         elif any(v > 0 for v in constraints.values()):
             missed = [k.removeprefix("c_") for k, v in constraints.items() if v > 0]
             status, reason = "slo_missed", "missed SLO: " + ", ".join(missed)
@@ -234,6 +240,15 @@ class TrialRunner:
     def stop(self) -> None:
         self._running_key = None
         self.server.stop()
+
+    def _death_after(self, load: LoadResultLike) -> str | None:
+        """Did the server die during the run? A run cut by errors often races the death itself."""
+        deadline = self.clock() + (DEATH_GRACE_S if load.stopped == "error_budget" else 0.0)
+        while True:
+            died = self.server.check()
+            if died is not None or self.clock() >= deadline:
+                return died
+            self.sleep(0.2)
 
     # --- learning and records ------------------------------------------------------------
 

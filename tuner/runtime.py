@@ -49,6 +49,7 @@ def build_host(target: TargetSection) -> LocalHost | SSHHost:
             password_env=s.password_env, use_agent=s.use_agent, look_for_keys=s.look_for_keys,
             connect_timeout_s=s.connect_timeout_s,
             banner_timeout_s=s.banner_timeout_s, auth_timeout_s=s.auth_timeout_s,
+            channel_timeout_s=s.channel_timeout_s,
             command_timeout_s=s.command_timeout_s, reconnect_attempts=s.reconnect_attempts,
         )
     )  # fmt: skip
@@ -198,7 +199,7 @@ def server_timeouts(target: TargetSection) -> ServerTimeouts:
     t = target.timeouts
     return ServerTimeouts(
         ready_s=t.ready_s, stop_s=t.stop_s, port_free_s=t.port_free_s, gpu_free_s=t.gpu_free_s,
-        poll_s=t.poll_s,
+        poll_s=t.poll_s, http_s=t.http_s,
     )  # fmt: skip
 
 

@@ -216,3 +216,43 @@ def test_confirmation_reruns_top_configs(tmp_path: Path) -> None:
     assert len(confirmations) == 2 and all(len(v) == 2 for v in confirmations.values())
     best, summary = best_trial(study)
     assert str(best.number) in confirmations and len(summary["runs"]) == 3
+
+
+class DyingServer(FakeServer):
+    """Alive when the run stops on errors, dead a moment later (the race a real OOM makes)."""
+
+    def __init__(self, dies_after_checks: int | None):
+        super().__init__()
+        self.checks = 0
+        self.dies_after = dies_after_checks
+
+    def check(self):
+        self.checks += 1
+        if self.dies_after is not None and self.checks > self.dies_after:
+            return "oom_runtime"
+        return None
+
+
+@pytest.mark.parametrize(("dies_after", "status"), [(2, "died"), (None, "slo_missed")])
+def test_error_budget_stop_is_the_servers_doing(tmp_path: Path, dies_after, status) -> None:
+    cfg = parse_study(STUDY, "unit.yaml")
+    now = [0.0]
+    server = DyingServer(dies_after)
+
+    def run_load(url, concurrency):
+        return Load(stopped="error_budget", flagged=True, throughput=100.0)
+
+    def score(load):
+        return {"output_throughput": load.throughput, "p99_ttft_ms": 10.0, "error_rate": 0.5}
+
+    runner = TrialRunner(
+        cfg, server, run_load, score, "http://127.0.0.1:1", Hardware(),
+        clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )  # fmt: skip
+    out = runner.run(0, {"mem-fraction-static": 0.9, "concurrency": 64}, tmp_path / "t")
+    assert out.status == status
+    if status == "died":
+        assert out.failure == "oom_runtime" and out.constraints["c_start"] > 0
+    else:
+        assert out.constraints["c_errors"] > 0 and "errors" in out.reason
+        assert now[0] >= 5.0  # it watched for a death for the whole grace period first

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = load(args)
     n_trials, timeout = _budget(args, cfg)
     console = Console(stderr=True, soft_wrap=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
+    # our own line per trial says more, and a failed trial is not a traceback the user must read
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     # everything a user can get wrong is checked before the first byte is written
     api_key = runtime.secret(cfg.target.api_key_env, "target.api_key_env")
     requests = runtime.requests_for(cfg)
