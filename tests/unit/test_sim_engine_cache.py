@@ -241,3 +241,22 @@ def test_kv_accounting_stays_consistent_under_churn(params):
     assert eng._private == 0
     if eng._cache is not None:
         assert eng._cache.evictable == eng._cache.gpu_tokens
+
+
+def test_multi_turn_follow_up_reuses_the_rendered_answer():
+    from tuner.sim import tokens
+
+    eng = Engine(EngineParams(max_total_tokens=50_000, max_running_requests=8), KIMI, BPT)
+    turn1 = list(ids(1, 500))
+    eng.add_request("t1", turn1, 200, output_seed=4242)
+    while eng.has_work():
+        eng.step()
+    answer = tokens.encode(tokens.render([tokens.output_token_id(4242, i) for i in range(200)]))
+    follow_up = turn1 + answer + list(ids(2, 50))
+    cached = run_one(eng, "t2", follow_up).cached_tokens
+    assert cached >= 500 + 199 - 16  # prompt and answer (the last token has no KV yet)
+    eng.add_request("t3", turn1 + answer + list(ids(3, 50)), 4)  # no seed needed to match
+    assert eng.step().events[0].cached_tokens >= 500 + 199 - 16
+    plain = Engine(EngineParams(max_total_tokens=50_000, max_running_requests=8), KIMI, BPT)
+    run_one(plain, "t1", turn1, 200)
+    assert run_one(plain, "t2", follow_up).cached_tokens < 500 + 16  # answer not matched

@@ -27,8 +27,8 @@ class SchedReq:
 
     __slots__ = (
         "alloc", "cached", "extend", "filled", "ignore_eos", "index", "keys", "max_new", "out",
-        "path", "prefix", "prompt_len", "reason", "rid", "rid_seed", "seen", "start", "state",
-        "stop_after", "times",
+        "output_seed", "path", "prefix", "prompt_len", "reason", "rid", "rid_seed", "seen",
+        "start", "state", "stop_after", "tail", "times",
     )  # fmt: skip
 
     def __init__(self, rid: str, prompt_len: int, keys: list[int], max_new: int, stop: int | None):
@@ -36,6 +36,8 @@ class SchedReq:
         self.rid_seed = zlib.crc32(rid.encode())
         self.prompt_len = prompt_len
         self.keys = keys  # chain keys of the prompt's full blocks
+        self.tail: tuple[int, ...] = ()  # prompt ids after the last full block
+        self.output_seed: int | None = None  # the HTTP layer's seed for generated token ids
         self.max_new = max_new
         self.stop_after = stop
         self.ignore_eos = stop is None

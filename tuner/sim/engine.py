@@ -23,6 +23,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from tuner.sim import tokens
 from tuner.sim.admission import (
     CONTINUE,
     NO_TOKEN,
@@ -32,7 +33,6 @@ from tuner.sim.admission import (
 )
 from tuner.sim.radix import Node, RadixCache, block_size, chain_keys
 from tuner.sim.timing import StepTimeModel
-from tuner.sim.tokens import EOS_TOKEN_ID
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
@@ -178,9 +178,15 @@ class Engine:
         input_ids: Sequence[int],
         max_new_tokens: int,
         stop_after: int | None = None,
+        output_seed: int | None = None,
     ) -> None:
-        """Queue a request. `stop_after` ends it with a "stop" reason (EOS) after that many tokens;
-        None means it runs to max_new_tokens (ignore_eos)."""
+        """Queue a request.
+
+        `stop_after` ends it with a "stop" reason (EOS) after that many tokens; None means it runs
+        to max_new_tokens (ignore_eos). `output_seed` is the seed the HTTP layer renders generated
+        tokens with (`tokens.output_token_id`): given, a follow-up prompt that contains the answer
+        text hits the cache on it, as multi-turn chat does on SGLang.
+        """
         p = self.params
         if rid in self._reqs:
             raise ValueError(f"duplicate request id {rid!r}")
@@ -193,6 +199,9 @@ class Engine:
         max_new = max(1, min(max_new_tokens, p.context_len - n - 1))
         stop = None if stop_after is None else max(1, stop_after)
         req = SchedReq(rid, n, keys, max_new, stop)
+        req.output_seed = output_seed
+        if output_seed is not None and self._cache is not None:
+            req.tail = tuple(input_ids[len(keys) * self._block :])
         req.start = self._clock
         if self._track:
             req.times = []
@@ -348,13 +357,7 @@ class Engine:
         req.reason = reason
         self._reqs.pop(req.rid, None)
         if self._cache is not None:
-            blocks = req.filled // self._block
-            keys = req.keys[:blocks]
-            parent = keys[-1] if keys else 0
-            for j in range(len(keys), blocks):  # generated tokens: keys no prompt can match
-                parent = hash((parent, req.rid_seed, j))
-                keys.append(parent)
-            self._insert(req, keys)
+            self._insert(req, self._sequence_keys(req))
         self._release(req)
         c = self._c
         c["requests"] += 1
@@ -362,11 +365,34 @@ class Engine:
         c["gen"] += req.out
         c["cached"] += req.cached
 
+    def _sequence_keys(self, req: SchedReq) -> list[int]:
+        """Keys of every full block with KV: the prompt's, then the generated tokens'.
+
+        With `output_seed`, generated tokens get the ids their rendered text (`tok<id> `) encodes
+        to, so a follow-up turn that sends the answer back matches it; otherwise keys no prompt
+        can match.
+        """
+        block = self._block
+        blocks = req.filled // block
+        keys = req.keys[:blocks]
+        if blocks <= len(keys):
+            return keys
+        parent = keys[-1] if keys else 0
+        if req.output_seed is None:
+            for j in range(len(keys), blocks):
+                parent = hash((parent, req.rid_seed, j))
+                keys.append(parent)
+            return keys
+        n_out = req.filled - req.prompt_len
+        seed = req.output_seed
+        out = [tokens.word_id(f"tok{tokens.output_token_id(seed, i)}") for i in range(n_out)]
+        return keys + chain_keys((*req.tail, *out), block, start_key=parent)
+
     def _finish_reason(self, req: SchedReq) -> dict | None:
         if req.out >= req.max_new:
             return {"type": "length", "length": req.max_new}
         if req.stop_after is not None and req.out >= req.stop_after:
-            return {"type": "stop", "matched": EOS_TOKEN_ID}
+            return {"type": "stop", "matched": tokens.EOS_TOKEN_ID}
         return None
 
     # --- one iteration -----------------------------------------------------------------------
