@@ -364,7 +364,10 @@ class SimServer:
             )
         loop = asyncio.get_running_loop()
         st = ReqState(rid, self.rng.getrandbits(31), len(input_ids), loop.time())
-        self.engine.add_request(rid, input_ids, max_new_tokens, stop_after)  # may raise QueueFull
+        # output_seed: the engine caches the answer under the ids its text re-encodes to (multi-turn)
+        self.engine.add_request(
+            rid, input_ids, max_new_tokens, stop_after, output_seed=st.seed
+        )  # may raise QueueFull
         self.requests[rid] = st
         self.work.set()
         return st
