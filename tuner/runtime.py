@@ -33,7 +33,8 @@ STUDY_MAX_LOOP_LAG_MS = 250.0
 
 
 def is_local(target: TargetSection) -> bool:
-    return target.host in ("local", "localhost", "127.0.0.1")
+    """Only the keyword `local` runs without SSH: `127.0.0.1` means SSH to this machine."""
+    return target.host == "local"
 
 
 def build_host(target: TargetSection) -> LocalHost | SSHHost:

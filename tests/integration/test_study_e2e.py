@@ -30,7 +30,7 @@ def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) 
     data["study"] = name
     data["target"]["port"] = free_port()
     data["target"]["launch"] = [
-        "{python}", "-m", "tuner.sim", "--sim-profile", "qwen2.5-7b-l4", "--sim-startup-seconds", "0.3",
+        "{python}", "-m", "tuner.sim", "--sim-profile", "llama-3.1-8b-h100", "--sim-startup-seconds", "0.3",
     ]  # fmt: skip
     data["workload"].update(input_len=256, output_len=48, duration_s=2.5, warmup_requests=1)
     data["objective"]["slo"]["p99_ttft_ms"] = 2000
@@ -74,7 +74,7 @@ def check_best_yaml_starts(best: Path) -> None:
     """SGLang's --config accepts the export as is: the simulator (SGLang's flags) starts from it."""
     flags = yaml.safe_load(best.read_text())
     assert all(isinstance(k, str) and "_" not in k for k in flags)
-    with sim_server("--config", str(best), "--sim-profile", "qwen2.5-7b-l4") as sim:
+    with sim_server("--config", str(best), "--sim-profile", "llama-3.1-8b-h100") as sim:
         with urllib.request.urlopen(f"{sim.url}/get_server_info", timeout=10) as resp:
             info = json.load(resp)
         assert info["mem_fraction_static"] == pytest.approx(flags["mem-fraction-static"])
@@ -183,8 +183,11 @@ def test_demo_study_over_ssh(tmp_path: Path, sshd_server: Sshd) -> None:
     data = yaml.safe_load(study.read_text())
     data["target"].update(host="127.0.0.1", ssh=ssh, workdir=str(tmp_path))
     study.write_text(yaml.safe_dump(data, sort_keys=False))
+    sshd_log = sshd_server.dir / "sshd.log"
+    logins_before = sshd_log.read_text().count("Accepted publickey")
     out = tuner("tune", str(study), "--runs-dir", str(runs))
     assert out.returncode == 0, out.stderr[-3000:]
+    assert sshd_log.read_text().count("Accepted publickey") > logins_before  # it went over SSH
     st = status(study, runs)
     assert len([t for t in st["trials"] if t["state"] == "COMPLETE"]) == 3
     assert (runs / "e2e-ssh" / "best.yaml").exists()
