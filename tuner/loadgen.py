@@ -33,6 +33,7 @@ from tuner.metrics import (
     RequestRecord,
     Samples,
     ServerView,
+    bench_serving_json,
     parse_prometheus,
     percentile,
     server_view,
@@ -129,6 +130,25 @@ class LoadResult:
     def metrics(self) -> Metrics:
         """bench_serving's metrics of this run."""
         return summarize(self.records, self.duration_s)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: bench_serving's keys, why the run stopped, the self-check, the server's view."""
+        m = self.metrics()
+        sc = self.self_check
+        return {
+            **bench_serving_json(m),
+            "stopped": self.stopped,
+            "flagged": self.flagged,
+            "self_check": {
+                "ok": sc.ok,
+                "reasons": list(sc.reasons),
+                "loop_lag_p99_ms": sc.loop_lag_p99_ms,
+                "loop_lag_max_ms": sc.loop_lag_max_ms,
+                "cpu_fraction": sc.cpu_fraction,
+            },
+            "error_kinds": dict(m.error_kinds),
+            "server": self.server.as_dict() if self.server else None,
+        }
 
 
 def make_session(options: LoadOptions) -> aiohttp.ClientSession:

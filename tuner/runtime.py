@@ -20,7 +20,7 @@ from tuner.hosts.local import LocalHost
 from tuner.hosts.ssh import SSHHost, SSHOptions
 from tuner.launch import LaunchSpec
 from tuner.loadgen import LoadOptions, LoadResult, run_load_sync
-from tuner.metrics import bench_serving_json, goodput
+from tuner.metrics import goodput
 from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware
 from tuner.server import Server, ServerTimeouts, StartResult
@@ -118,15 +118,11 @@ def scorer(cfg: StudyConfig) -> Callable[[LoadResult], dict[str, Any]]:
     slo = cfg.objective.slo
 
     def score(result: LoadResult) -> dict[str, Any]:
-        m = result.metrics()
-        out: dict[str, Any] = dict(bench_serving_json(m))
+        out = result.summary()
         out["goodput"] = goodput(
             result.records, result.duration_s, ttft_ms=slo.p99_ttft_ms, tpot_ms=slo.p99_tpot_ms,
             e2e_ms=slo.p99_e2e_latency_ms,
         )  # fmt: skip
-        out["stopped"] = result.stopped
-        out["self_check"] = {"ok": result.self_check.ok, "reasons": list(result.self_check.reasons)}
-        out["server_view"] = result.server.as_dict() if result.server else None
         return out
 
     return score

@@ -121,7 +121,6 @@ def _build(args: argparse.Namespace, api_key: str | None) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.loadgen import run_load_sync
-    from tuner.metrics import bench_serving_json
     from tuner.workload import build_requests
 
     spec, options = _specs(args)
@@ -142,18 +141,7 @@ def run(args: argparse.Namespace) -> int:
         "workload": spec.kind,
         "max_concurrency": options.concurrency,
         "request_rate": None if math.isinf(options.request_rate) else options.request_rate,
-        **bench_serving_json(m),
-        "stopped": result.stopped,
-        "flagged": result.flagged,
-        "self_check": {
-            "ok": result.self_check.ok,
-            "reasons": list(result.self_check.reasons),
-            "loop_lag_p99_ms": result.self_check.loop_lag_p99_ms,
-            "loop_lag_max_ms": result.self_check.loop_lag_max_ms,
-            "cpu_fraction": result.self_check.cpu_fraction,
-        },
-        "error_kinds": dict(m.error_kinds),
-        "server": result.server.as_dict() if result.server else None,
+        **result.summary(),
     }
     _print_summary(out)
     if args.json:
