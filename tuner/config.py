@@ -230,6 +230,9 @@ class BudgetSection(Model):
     confirm_top: int = Field(3, ge=0)
     confirm_repeats: int = Field(2, ge=1)
     infra_retries: int = Field(2, ge=0)
+    #: after a new server measures, try this many neighbouring concurrencies on it (no restart):
+    #: up by 1.5x while the SLOs hold, down by 1.5x when they are missed
+    concurrency_probes: int = Field(1, ge=0, le=4)
 
     @field_validator("timeout", "trial_timeout", mode="before")
     @classmethod

@@ -50,7 +50,7 @@ def _fmt(v: Any, spec: str = ",.1f") -> str:
 def trials_table(cfg: StudyConfig, study: optuna.Study) -> Table:
     best, _ = best_trial(study)
     t = Table(title=f"study {cfg.study}: {cfg.objective.metric}")
-    for col, just in (("#", "right"), ("state", "left"), ("params", "left"), ("out tok/s", "right"),
+    for col, just in (("#", "right"), ("state", "left"), ("params", "left"), ("score", "right"),
                       ("p99 TTFT ms", "right"), ("p99 TPOT ms", "right"), ("reason", "left")):  # fmt: skip
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in trial_rows(study):
@@ -60,10 +60,14 @@ def trials_table(cfg: StudyConfig, study: optuna.Study) -> Table:
             state += f" (=#{r['duplicate_of']})"
         style = "bold green" if best is not None and r["trial"] == best.number else None
         t.add_row(
-            str(r["trial"]), state, params, _fmt(r["output_throughput"]), _fmt(r["p99_ttft_ms"], ",.0f"),
-            _fmt(r["p99_tpot_ms"]), (r["reason"] or "")[:60], style=style,
+            str(r["trial"]), state, params, _fmt(r["value"]), _fmt(r["p99_ttft_ms"], ",.0f"),
+            _fmt(r["p99_tpot_ms"]), _short(r["reason"] or "", 90), style=style,
         )  # fmt: skip
     return t
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1].rsplit(" ", 1)[0] + " …"
 
 
 def _compact(v: Any) -> str:

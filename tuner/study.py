@@ -34,6 +34,7 @@ GRACE_S = 120
 FINGERPRINT_ATTR = "tuner:fingerprint"
 CONFIRM_ATTR = "tuner:confirmations"
 SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
+PROBE_FACTOR = 1.5
 
 
 def study_dir(cfg: StudyConfig, runs_dir: Path) -> Path:
@@ -164,6 +165,8 @@ class Tuning:
         self.on_trial = on_trial
         self.stop_group = stop_group
         self.stats = TuneStats()
+        self.confirm_error: str | None = None
+        self._n_trials: int | None = None
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class Tuning:
 
     def optimize(self, n_trials: int, timeout_s: float | None) -> None:
         """Run until `n_trials` trials are complete in the study (across resumes) or time is up."""
+        self._n_trials = n_trials
         if self.remaining(n_trials) == 0:
             return
         try:
@@ -277,8 +281,39 @@ class Tuning:
                 return t
         return None
 
+    def _probe(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Queue the same server at a neighbouring concurrency: measuring it costs no restart."""
+        spec = self.cfg.space.get("concurrency")
+        probes_left = int(trial.user_attrs.get("probes_left", self.cfg.budget.concurrency_probes))
+        status = trial.user_attrs.get("status")
+        if spec is None or probes_left <= 0 or status not in ("ok", "slo_missed"):
+            return
+        if "concurrency" not in trial.params or trial.user_attrs.get("duplicate_of") is not None:
+            return
+        if self._n_trials is not None and self.remaining(self._n_trials) == 0:
+            return
+        c = int(trial.params["concurrency"])
+        up = status == "ok"  # SLOs held: more load may still pay; missed: back off
+        if spec.choices:
+            ladder = sorted({int(x) for x in spec.choices})
+            i = ladder.index(c) + (1 if up else -1) if c in ladder else -1
+            if not 0 <= i < len(ladder):
+                return
+            target = ladder[i]
+        else:
+            target = round(c * PROBE_FACTOR) if up else round(c / PROBE_FACTOR)
+            target = int(min(max(target, spec.low or 1), spec.high or target))
+        if target == c:
+            return
+        params = {**trial.params, "concurrency": target}
+        if self._measured(params, -1) is None:
+            study.enqueue_trial(
+                params, user_attrs={"probe_of": trial.number, "probes_left": probes_left - 1}
+            )
+
     def _after(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """Re-enqueue the params of a trial the infrastructure failed, a bounded number of times."""
+        """Re-enqueue the params of a trial the infrastructure failed, a bounded number of times;
+        probe concurrency on a server that just started."""
         if trial.state == TrialState.FAIL and "infra_error" in trial.user_attrs:
             retries = int(trial.user_attrs.get("retries", 0))
             if retries < self.cfg.budget.infra_retries:
@@ -286,6 +321,10 @@ class Tuning:
                     dict(trial.params),
                     user_attrs={"retries": retries + 1, "retry_of": trial.number},
                 )
+        if trial.state == TrialState.COMPLETE and (
+            trial.user_attrs.get("restarted") or "probe_of" in trial.user_attrs
+        ):
+            self._probe(study, trial)
         if self.on_trial:
             self.on_trial(trial)
 
@@ -294,15 +333,23 @@ class Tuning:
     def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
         """Re-run the best few feasible configs `repeats` times; the study keeps every value."""
         confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(CONFIRM_ATTR) or {})
-        for t in top_trials(self.study, top):
-            runs = confirmations.setdefault(str(t.number), [])
-            while len(runs) < repeats:
-                outcome = self.runner.run(
-                    t.number, dict(t.params), self.trials_dir / f"{t.number}-confirm{len(runs) + 1}"
-                )
-                runs.append(outcome.values[0] if outcome.feasible else 0.0)
-                self.study.set_user_attr(CONFIRM_ATTR, confirmations)
-        self.runner.stop()
+        try:
+            for t in top_trials(self.study, top):
+                runs = confirmations.setdefault(str(t.number), [])
+                while len(runs) < repeats:
+                    outcome = self.runner.run(
+                        t.number,
+                        dict(t.params),
+                        self.trials_dir / f"{t.number}-confirm{len(runs) + 1}",
+                    )
+                    runs.append(outcome.values[0] if outcome.feasible else 0.0)
+                    self.study.set_user_attr(CONFIRM_ATTR, confirmations)
+        except InfraError as exc:
+            # the study itself is done: export what is confirmed so far rather than nothing
+            self.stats.infra_failures += 1
+            self.confirm_error = str(exc)
+        finally:
+            self.runner.stop()
         return confirmations
 
 

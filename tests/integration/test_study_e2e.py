@@ -195,3 +195,38 @@ def test_demo_study_over_ssh(tmp_path: Path, sshd_server: Sshd) -> None:
     assert logs and any("fired up" in p.read_text() for p in logs)  # fetched over SFTP
     for pgid in server_groups(st, runs, "e2e-ssh"):
         assert_group_gone(pgid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_fails_trial_cleanly_and_exits_130(tmp_path: Path, sig: int) -> None:
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=3)
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "tune",
+        str(study),
+        "--runs-dir",
+        str(runs),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)  # fmt: skip
+    try:
+        _wait_for(runs / "e2e" / "trials" / "1" / "launch.txt", proc)
+        time.sleep(1.0)
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    st = status(study, runs)
+    assert [t["state"] for t in st["trials"]][:2] == ["COMPLETE", "FAIL"]
+    assert all(t["state"] != "RUNNING" for t in st["trials"])  # the study is consistent
+    for pgid in server_groups(st, runs, "e2e"):
+        assert_group_gone(pgid)  # its server was stopped, not left behind
+    out = tuner("tune", str(study), "--runs-dir", str(runs))
+    assert out.returncode == 0, out.stderr[-2000:]

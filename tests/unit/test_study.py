@@ -157,7 +157,7 @@ def test_duplicate_config_answered_from_earlier_trial(tmp_path: Path) -> None:
     for _ in range(2):
         study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
     tuning.optimize(2, None)
-    a, b = study.trials
+    a, b = study.trials[:2]
     assert b.user_attrs["duplicate_of"] == a.number and b.values == a.values
     assert len(server.restarts) == 1
 
@@ -256,3 +256,38 @@ def test_error_budget_stop_is_the_servers_doing(tmp_path: Path, dies_after, stat
     else:
         assert out.constraints["c_errors"] > 0 and "errors" in out.reason
         assert now[0] >= 5.0  # it watched for a death for the whole grace period first
+
+
+def test_infra_failure_during_confirmation_keeps_the_result(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(4, None)
+    server.drop_on = {len(server.restarts)}  # the next restart drops the connection
+    tuning.runner._running_key = None  # force a restart for the confirmation run
+    confirmations = tuning.confirm(top=1, repeats=2)
+    assert tuning.confirm_error and "dropped" in tuning.confirm_error
+    best, _ = best_trial(study)
+    assert best is not None and str(best.number) in confirmations
+
+
+def test_new_server_gets_a_concurrency_probe_without_restart(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    study.enqueue_trial({"mem-fraction-static": 0.90, "concurrency": 32})  # capacity 160: SLO holds
+    tuning.optimize(2, None)
+    first, probe = study.trials[:2]
+    assert probe.params == {"mem-fraction-static": 0.90, "concurrency": 64}  # the next choice up
+    assert probe.user_attrs["probe_of"] == first.number
+    assert len(server.restarts) == 1 and tuning.runner.reuses == 1
+    assert not study.get_trials(states=(TrialState.WAITING,))  # none queued past the budget
+
+
+def test_probe_backs_off_when_the_slo_is_missed(tmp_path: Path) -> None:
+    data = {
+        **STUDY,
+        "space": {**STUDY["space"], "concurrency": {"low": 8, "high": 512, "log": True}},
+    }
+    cfg, study, server, tuning = setup(tmp_path, data)
+    study.enqueue_trial({"mem-fraction-static": 0.80, "concurrency": 400})  # capacity 120: queue
+    tuning.optimize(2, None)
+    first, probe = study.trials[:2]
+    assert first.user_attrs["status"] == "slo_missed"
+    assert probe.params["concurrency"] == round(400 / 1.5)

@@ -20,4 +20,8 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
 
 
 def load(args: argparse.Namespace) -> StudyConfig:
+    """The study file, validated; optuna's own INFO chatter silenced (our lines say more)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     return load_study(args.study_file)

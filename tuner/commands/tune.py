@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"confirming the best {cfg.budget.confirm_top} configs "
                               f"({cfg.budget.confirm_repeats} more runs each)")  # fmt: skip
                 tuning.confirm(cfg.budget.confirm_top, cfg.budget.confirm_repeats)
+                if tuning.confirm_error:
+                    console.print(f"confirmation stopped early: {tuning.confirm_error}")
         finally:
             runner.stop()
             host.close()
