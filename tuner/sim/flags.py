@@ -11,6 +11,7 @@ the simulator's own.
 from __future__ import annotations
 
 import argparse
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--config", type=str, default=None, help="SGLang YAML launch config (flat, dashed keys)")
     a("--sim-profile", type=str, default=DEFAULT_PROFILE, help="profile name or YAML path")
     a("--sim-startup-seconds", type=_non_negative_float, default=DEFAULT_STARTUP_SECONDS)
-    a("--sim-seed", type=int, default=0)
+    a("--sim-seed", type=int, default=None,
+      help="noise seed (default: a fresh one per start, so runs differ as on real hardware)")  # fmt: skip
     a("--sim-fault", type=_fault_spec, default="", help="reserved: injected faults")
     return p
 
@@ -222,6 +224,8 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
         rest = config_to_argv(path, parser) + rest
     ns = parser.parse_args(rest)
     ns.config = path
+    if ns.sim_seed is None:
+        ns.sim_seed = random.SystemRandom().randrange(2**31)
     return ns
 
 
