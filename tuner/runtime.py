@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuner.capacity import kv_layout
@@ -18,7 +19,7 @@ from tuner.config import StudyConfig, TargetSection
 from tuner.errors import ConfigError
 from tuner.hosts.local import LocalHost
 from tuner.hosts.ssh import SSHHost, SSHOptions
-from tuner.launch import LaunchSpec
+from tuner.launch import REDACTED, LaunchSpec
 from tuner.loadgen import LoadOptions, LoadResult, run_load_sync
 from tuner.metrics import goodput
 from tuner.modelcfg import load_model_config
@@ -159,9 +160,17 @@ class Started:
 class ServerSeam:
     """Adapts server.Server to objective.ServerLike: the trial sees flags in, facts out."""
 
-    def __init__(self, server: Server):
+    def __init__(self, server: Server, secrets: Sequence[str] = ()):
         self.server = server
         self.last: StartResult | None = None
+        # SGLang logs its whole server_args at start-up, --api-key included: everything read
+        # back from the server is masked before it reaches a trial's records
+        self.secrets = [x for x in secrets if x]
+
+    def _mask(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
 
     def restart(
         self, spec: LaunchSpec, log_path: str, on_launch: Callable[[int], None] | None = None
@@ -176,10 +185,11 @@ class ServerSeam:
         if r.gpus:
             info["gpu"] = f"{len(r.gpus)} x {r.gpus[0].name} ({r.gpus[0].memory_total_mib} MiB)"
         if not r.ok:
-            info["evidence"] = list(r.evidence[-8:])
+            info["evidence"] = [self._mask(line) for line in r.evidence[-8:]]
         return Started(
-            r.ok, r.failure, r.reason, {k: v for k, v in info.items() if v is not None}, r.pgid
-        )
+            r.ok, r.failure, self._mask(r.reason),
+            {k: v for k, v in info.items() if v is not None}, r.pgid,
+        )  # fmt: skip
 
     def check(self) -> str | None:
         death = self.server.check()
@@ -189,7 +199,9 @@ class ServerSeam:
         self.server.stop()
 
     def fetch_log(self, local_path: str) -> None:
-        self.server.fetch_log(local_path)
+        if self.server.fetch_log(local_path) and self.secrets:
+            path = Path(local_path)
+            path.write_text(self._mask(path.read_text(errors="replace")))
 
 
 def server_timeouts(target: TargetSection) -> ServerTimeouts:

@@ -230,3 +230,34 @@ def test_signal_fails_trial_cleanly_and_exits_130(tmp_path: Path, sig: int) -> N
         assert_group_gone(pgid)  # its server was stopped, not left behind
     out = tuner("tune", str(study), "--runs-dir", str(runs))
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_api_key_is_used_and_never_written(tmp_path: Path) -> None:
+    """The server requires the key; SGLang logs it in server_args; no file under runs/ holds it."""
+    secret = "sk-tuner-test-" + os.urandom(8).hex()
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=2)
+    data = yaml.safe_load(study.read_text())
+    data["target"]["api_key_env"] = "TUNER_TEST_API_KEY"
+    data["baseline"] = {"mem-fraction-static": 0.85, "concurrency": 16}
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "TUNER_TEST_API_KEY": secret},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert secret not in out.stdout + out.stderr
+    logs = list(runs.rglob("server.log"))
+    assert logs and any("api_key" in p.read_text() for p in logs)  # SGLang-style args were logged
+    for path in runs.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"{path} holds the API key"
+    st = status(study, runs)
+    assert st["trials"][0]["output_throughput"]  # requests were authorised
+    missing = subprocess.run(
+        [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "TUNER_TEST_API_KEY"},
+    )  # fmt: skip
+    assert missing.returncode == 2 and "TUNER_TEST_API_KEY is not set" in missing.stderr

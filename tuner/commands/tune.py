@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     server = Server(host, runtime.server_timeouts(cfg.target), http_host=runtime.http_host(cfg.target),
                     api_key=api_key)  # fmt: skip
     runner = TrialRunner(
-        cfg, runtime.ServerSeam(server), runtime.load_runner(cfg, requests, api_key),
+        cfg, runtime.ServerSeam(server, [api_key] if api_key else []),
+        runtime.load_runner(cfg, requests, api_key),
         runtime.scorer(cfg), runtime.base_url(cfg.target), hardware,
         env=runtime.launch_env(cfg.target), secret_flags={"api-key": api_key} if api_key else None,
         launch_template=runtime.launch_template(cfg.target),
