@@ -88,8 +88,26 @@ def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
             x=[r["trial"] for r in sel], y=[r["value"] for r in sel], mode="markers", marker={"color": color},
             name="feasible" if feasible else "infeasible", text=[r["reason"] for r in sel],
         ))  # fmt: skip
+    best, summary = best_trial(study)
+    if best is not None:
+        hist.add_trace(go.Scatter(
+            x=[best.number], y=[best.values[0]], mode="markers", name="winner",
+            marker={"symbol": "star", "size": 16, "color": "#264653"},
+        ))  # fmt: skip
     hist.update_layout(title=f"{cfg.objective.metric} by trial", xaxis_title="trial")
     figs.append(hist)
+    measured = [r for r in rows if r["p99_ttft_ms"] and "concurrency" in r["params"]]
+    if measured:
+        ttft = go.Figure(go.Scatter(
+            x=[r["params"]["concurrency"] for r in measured], y=[r["p99_ttft_ms"] for r in measured],
+            mode="markers", text=[f"trial {r['trial']}" for r in measured], name="trials",
+        ))  # fmt: skip
+        if cfg.objective.slo.p99_ttft_ms:
+            ttft.add_hline(y=cfg.objective.slo.p99_ttft_ms, line_dash="dash",
+                           annotation_text="p99 TTFT limit")  # fmt: skip
+        ttft.update_layout(title="p99 TTFT vs client concurrency (the queue the pool cannot admit)",
+                           xaxis_title="concurrency", yaxis_title="ms")  # fmt: skip
+        figs.append(ttft)
     for name in cfg.space:
         xs = [(r["params"].get(name), r) for r in rows if name in r["params"]]
         if not xs:
@@ -101,7 +119,6 @@ def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
         ))  # fmt: skip
         fig.update_layout(title=f"{cfg.objective.metric} vs {name}", xaxis_title=name)
         figs.append(fig)
-    best, summary = best_trial(study)
     parts = [
         f"<h1>tuner study {html.escape(cfg.study)}</h1>",
         f"<p>{html.escape(cfg.description)}</p>",

@@ -291,3 +291,16 @@ def test_probe_backs_off_when_the_slo_is_missed(tmp_path: Path) -> None:
     first, probe = study.trials[:2]
     assert first.user_attrs["status"] == "slo_missed"
     assert probe.params["concurrency"] == round(400 / 1.5)
+
+
+def test_status_rows_and_html_report(tmp_path: Path) -> None:
+    from tuner.report import trial_rows, write_html
+
+    cfg, study, server, tuning = setup(tmp_path)
+    study.enqueue_trial({"mem-fraction-static": 0.96, "concurrency": 16})  # CUDA-graph OOM
+    tuning.optimize(5, None)
+    rows = trial_rows(study)
+    assert rows[0]["feasible"] is False and "Capture cuda graph" in rows[0]["reason"]
+    page = write_html(cfg, study, tmp_path / "report.html").read_text()
+    assert page.count("<tr>") == len(rows) + 1
+    assert "p99 TTFT limit" in page and "winner" in page and "Capture cuda graph" in page
