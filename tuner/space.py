@@ -142,6 +142,42 @@ def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
     return flags
 
 
+def sglang_defaults(cfg: StudyConfig, gpu_mem_mib: float | None) -> dict[str, Any]:
+    """Trial 0 without a `baseline:`: SGLang's own default for every searched flag that has one
+    inside the search space (the mfs SGLang would compute for this GPU; HiCache off)."""
+    from tuner.capacity import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
+    from tuner.sim.flags import build_parser  # SGLang's flag table, defaults included
+
+    defaults = {a.dest.replace("_", "-"): a.default for a in build_parser()._actions}
+    if gpu_mem_mib:
+        tp = int(cfg.server.get("tensor-parallel-size") or cfg.server.get("tp-size") or 1)
+        defaults["mem-fraction-static"] = default_mem_fraction_static(gpu_mem_mib, tp)
+        chunk, graph_bs = default_chunked_prefill_and_graph_bs(gpu_mem_mib, tp)
+        defaults["chunked-prefill-size"], defaults["cuda-graph-max-bs"] = chunk, graph_bs
+    defaults["hicache-size"] = 0
+    out = {}
+    for name, dist in distributions(cfg.space).items():
+        value = defaults.get(name)
+        if value is not None and not isinstance(value, bool) and _inside(dist, value):
+            out[name] = _snap(dist, value)
+    return active_params(out, cfg.space)
+
+
+def _inside(dist: BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, CategoricalDistribution):
+        return value in dist.choices
+    return isinstance(value, int | float) and dist.low <= value <= dist.high
+
+
+def _snap(dist: BaseDistribution, value: Any) -> Any:
+    """A value on the distribution's grid (optuna rejects an enqueued value off its step)."""
+    step = getattr(dist, "step", None)
+    if not step or isinstance(dist, CategoricalDistribution):
+        return value
+    snapped = dist.low + round((value - dist.low) / step) * step
+    return int(snapped) if isinstance(dist, IntDistribution) else round(snapped, 10)
+
+
 def client_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in CLIENT_PARAMS}
 

@@ -27,12 +27,21 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, InfraError, StudyMismatchError
 from tuner.objective import CONSTRAINT_KEYS, TrialOutcome, TrialRunner
-from tuner.space import active_params, canonical, distributions, fingerprint, sample
+from tuner.space import (
+    active_params,
+    canonical,
+    distributions,
+    fingerprint,
+    sample,
+    sglang_defaults,
+)
 
 HEARTBEAT_S = 30
 GRACE_S = 120
 FINGERPRINT_ATTR = "tuner:fingerprint"
 CONFIRM_ATTR = "tuner:confirmations"
+IDENTITY_ATTR = "tuner:server_identity"
+IDENTITY_KEYS = ("version", "gpu")
 SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
 PROBE_FACTOR = 1.5
 
@@ -182,16 +191,25 @@ class Tuning:
             pgid = t.user_attrs.get("server_pgid")
             if pgid and self.stop_group:
                 self.stop_group(int(pgid))
-            self.study.tell(t.number, state=TrialState.FAIL)
+            with warnings.catch_warnings():
+                # optuna warns that heartbeats belong to optimize(): failing a dead trial is fine
+                warnings.simplefilter("ignore", UserWarning)
+                self.study.tell(t.number, state=TrialState.FAIL)
             self.study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
             recovered.append(t.number)
         self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return recovered
 
-    def enqueue_baseline(self) -> None:
-        """Trial 0 is what runs today: the study file's baseline (or the sampler's first pick)."""
-        if self.cfg.baseline and not self.study.trials:
+    def enqueue_baseline(self, gpu_mem_mib: float | None = None) -> None:
+        """Trial 0 is what runs today: the study file's baseline, else SGLang's defaults (the
+        sampler picks whatever neither gives, such as the client's concurrency)."""
+        if self.study.trials:
+            return
+        if self.cfg.baseline:
             params = active_params(self.cfg.baseline, self.cfg.space)
+        else:
+            params = sglang_defaults(self.cfg, gpu_mem_mib)
+        if params:
             self.study.enqueue_trial(params, user_attrs={"baseline": True})
 
     def remaining(self, n_trials: int) -> int:
@@ -241,7 +259,26 @@ class Tuning:
             self.stats.infra_failures += 1
             trial.set_user_attr("infra_error", str(exc))
             raise
+        self._check_identity(outcome.server_info)
         return self.record(trial, outcome)
+
+    def _check_identity(self, info: Mapping[str, Any]) -> None:
+        """SGLang version and GPU are part of what makes trials comparable: recorded when first
+        seen, and a change (an upgraded SGLang, another GPU) stops the study."""
+        seen_now = {k: str(info[k]) for k in IDENTITY_KEYS if info.get(k)}
+        if not seen_now:
+            return
+        recorded = dict(self.study.user_attrs.get(IDENTITY_ATTR) or {})
+        changed = [k for k in seen_now if k in recorded and recorded[k] != seen_now[k]]
+        if changed:
+            what = "; ".join(f"{k} was {recorded[k]}, now {seen_now[k]}" for k in changed)
+            raise StudyMismatchError(
+                f"{self.cfg.source}: the server changed under study '{self.cfg.study}' ({what}): "
+                "its trials would not compare with the earlier ones; start a new study "
+                "(a new `study:` name) for the new server"
+            )
+        if any(k not in recorded for k in seen_now):
+            self.study.set_user_attr(IDENTITY_ATTR, {**recorded, **seen_now})
 
     def record(self, trial: Trial, outcome: TrialOutcome) -> float | tuple[float, ...]:
         attrs = outcome.attrs()

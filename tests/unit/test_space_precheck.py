@@ -116,3 +116,23 @@ def test_launch_quotes_and_renders_like_sglang() -> None:
     assert parsed["enable-metrics"] is True and "api-key" not in parsed and parsed["port"] == 30123
     assert text.startswith("# header")
     assert flag_args({"a": 0.9, "b": None}) == ["--a", "0.9"]
+
+
+def test_trial_zero_defaults_to_sglangs_own_defaults() -> None:
+    from tuner.space import sglang_defaults
+
+    c = cfg({
+        "mem-fraction-static": {"low": 0.8, "high": 0.95, "step": 0.01},
+        "hicache-size": {"low": 0, "high": 50, "step": 10},
+        "chunked-prefill-size": {"choices": [4096, 8192, 16384]},
+        "cuda-graph-max-bs": {"choices": [64, 128]},  # SGLang's 256 is outside: left to the sampler
+        "schedule-policy": {"choices": ["lpm", "fcfs"]},
+        "concurrency": {"low": 8, "high": 256},
+    }, server={"model-path": "m", "tensor-parallel-size": 1})  # fmt: skip
+    d = sglang_defaults(c, 81_559)  # H100: SGLang computes mfs 0.835, chunk 8192, graph bs 256
+    assert abs(d.pop("mem-fraction-static") - 0.835) <= 0.005 + 1e-9  # on the 0.01 grid
+    assert d == {"hicache-size": 0, "chunked-prefill-size": 8192, "schedule-policy": "fcfs"}
+    study = optuna.create_study()
+    study.enqueue_trial(d)  # every value is on its distribution's grid
+    t = study.ask()
+    assert sample(t, c.space)["chunked-prefill-size"] == 8192

@@ -304,3 +304,42 @@ def test_status_rows_and_html_report(tmp_path: Path) -> None:
     page = write_html(cfg, study, tmp_path / "report.html").read_text()
     assert page.count("<tr>") == len(rows) + 1
     assert "p99 TTFT limit" in page and "winner" in page and "Capture cuda graph" in page
+
+
+def test_a_changed_sglang_version_stops_the_study(tmp_path: Path) -> None:
+    class Versioned(FakeServer):
+        def __init__(self, version):
+            super().__init__()
+            self.version = version
+
+        def restart(self, spec, log_path, on_launch=None):
+            r = super().restart(spec, log_path, on_launch)
+            r.info["version"] = self.version
+            return r
+
+    cfg, study, server, tuning = setup(tmp_path, server=Versioned("0.5.6.post2"))
+    tuning.optimize(2, None)
+    assert study.user_attrs["tuner:server_identity"] == {"version": "0.5.6.post2"}
+    cfg, study, server, tuning = setup(tmp_path, server=Versioned("0.5.23"))
+    with pytest.raises(StudyMismatchError, match=r"version was 0\.5\.6\.post2, now 0\.5\.23"):
+        tuning.optimize(4, None)
+
+
+def test_pareto_mode_keeps_the_front(tmp_path: Path) -> None:
+    data = {**STUDY, "objective": {"slo": {"p99_ttft_ms": 5000}, "pareto_latency": "p99_ttft_ms"}}
+    cfg, study, server, tuning = setup(tmp_path, data)
+    tuning.optimize(8, None)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    front = study.best_trials
+    assert front and all(len(t.values) == 2 for t in front)
+    from tuner.export import export_data
+
+    data = export_data(cfg, study)
+    assert {p["trial"] for p in data["pareto_front"]} == {t.number for t in front}
+
+
+@pytest.mark.parametrize("name", ["tpe", "random", "qmc", "grid"])
+def test_each_sampler_runs_a_study(tmp_path: Path, name: str) -> None:
+    cfg, study, server, tuning = setup(tmp_path, {**STUDY, "sampler": {"name": name, "seed": 3}})
+    tuning.optimize(3, None)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 3

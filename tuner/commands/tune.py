@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(
             f"resumed: trials {recovered} were left running; their params are queued again"
         )
-    tuning.enqueue_baseline()
+    tuning.enqueue_baseline(cfg.hardware.gpu_mem_mib)
     with interrupts():
         try:
             tuning.optimize(n_trials, timeout)
