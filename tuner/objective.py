@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tuner.config import StudyConfig
+from tuner.errors import ConfigError
 from tuner.launch import LaunchSpec, build_launch, redact_argv
 from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.space import canonical, client_params, server_flags
@@ -131,6 +132,18 @@ def failed_outcome(
     return TrialOutcome(status, values, constraints, reason, failure, **kw)
 
 
+def _rejected_flags(cfg: StudyConfig, result: StartResultLike) -> ConfigError:
+    """The server's argument parser refused the command line: every trial would fail the same
+    way (e.g. a flag this SGLang version lacks), so the study stops instead of burning a night."""
+    evidence = [str(x) for x in result.info.get("evidence", []) if str(x).strip()]
+    said = next((x for x in reversed(evidence) if "error" in x.lower()), result.reason)
+    return ConfigError(
+        f"the server rejected its command line ({said.strip()}): check the flags under "
+        "server: and space: against the SGLang version on the host",
+        file=cfg.source,
+    )
+
+
 class TrialRunner:
     """Runs trials against one server, reusing it when only client-side params change."""
 
@@ -200,6 +213,8 @@ class TrialRunner:
             restarted = True
             self._save_log(trial_dir)
             if not result.ok:
+                if result.failure == "bad_flag":
+                    raise _rejected_flags(self.cfg, result)
                 self._learn_failure(result.failure, flags, number)
                 return failed_outcome(
                     self.cfg, "start_failed", result.reason, result.failure,

@@ -261,3 +261,16 @@ def test_api_key_is_used_and_never_written(tmp_path: Path) -> None:
         env={k: v for k, v in os.environ.items() if k != "TUNER_TEST_API_KEY"},
     )  # fmt: skip
     assert missing.returncode == 2 and "TUNER_TEST_API_KEY is not set" in missing.stderr
+
+
+def test_unknown_flag_stops_the_study_in_one_line(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=4)
+    data = yaml.safe_load(study.read_text())
+    data["server"]["enable-turbo-mode"] = True  # no such SGLang flag
+    data["baseline"] = {"mem-fraction-static": 0.85, "concurrency": 16}
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tuner("tune", str(study), "--runs-dir", str(runs), "--no-progress")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "enable-turbo-mode" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

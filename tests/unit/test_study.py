@@ -343,3 +343,20 @@ def test_each_sampler_runs_a_study(tmp_path: Path, name: str) -> None:
     cfg, study, server, tuning = setup(tmp_path, {**STUDY, "sampler": {"name": name, "seed": 3}})
     tuning.optimize(3, None)
     assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 3
+
+
+def test_a_flag_the_server_rejects_stops_the_study(tmp_path: Path) -> None:
+    from tuner.errors import ConfigError
+
+    class Strict(FakeServer):
+        def restart(self, spec, log_path, on_launch=None):
+            self.restarts.append(dict(spec.flags))
+            return Start(False, "bad_flag", "exit 2", info={
+                "evidence": ["usage: launch_server.py [-h] ...",
+                             "launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 64"],
+            })  # fmt: skip
+
+    cfg, study, server, tuning = setup(tmp_path, server=Strict())
+    with pytest.raises(ConfigError, match="unrecognized arguments: --cuda-graph-max-bs 64"):
+        tuning.optimize(5, None)
+    assert len(server.restarts) == 1  # one restart spent, not a night of them
