@@ -13,7 +13,7 @@ from tuner.config import StudyConfig
 from tuner.errors import TunerError
 from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
 from tuner.space import client_params, server_flags
-from tuner.study import CONFIRM_ATTR, best_trial, completed, feasible_trials
+from tuner.study import best_trial, completed, feasible_trials
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 SERVER_FACTS = (
@@ -120,6 +120,3 @@ def render(data: dict[str, Any], fmt: str) -> str:
         return render_cmd(data) + "\n"
     return json.dumps(data, indent=2, default=str) + "\n"
 
-
-def confirmations(study: optuna.Study) -> dict[str, list[float]]:
-    return dict(study.user_attrs.get(CONFIRM_ATTR) or {})

@@ -64,18 +64,30 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 20}}
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # the heartbeat is "experimental" since optuna 2.8; it is the documented way to resume
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RDBStorage(
-            url,
-            engine_kwargs=kwargs,
-            heartbeat_interval=HEARTBEAT_S,
-            grace_period=GRACE_S,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                max_retry=infra_retries
-            ),
-        )
+    import sqlalchemy.exc
+    from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
+
+    # workers started together on a fresh database race to create optuna's schema: the loser
+    # sees "already exists" and simply tries again, finding the tables made
+    schema_race = (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)
+
+    @retry(retry=retry_if_exception_type(schema_race), stop=stop_after_attempt(5),
+           wait=wait_random(0.2, 1.0), reraise=True)  # fmt: skip
+    def create() -> RDBStorage:
+        with warnings.catch_warnings():
+            # the heartbeat is "experimental" since optuna 2.8; it is the documented way to resume
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                engine_kwargs=kwargs,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                    max_retry=infra_retries
+                ),
+            )
+
+    return create()
 
 
 def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
@@ -369,7 +381,9 @@ class Tuning:
 
     def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
         """Re-run the best few feasible configs `repeats` times; the study keeps every value."""
-        confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(CONFIRM_ATTR) or {})
+        # each worker writes its own record: workers sharing a study never overwrite each other
+        key = f"{CONFIRM_ATTR}:{self.worker}"
+        confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(key) or {})
         try:
             for t in top_trials(self.study, top):
                 runs = confirmations.setdefault(str(t.number), [])
@@ -380,7 +394,7 @@ class Tuning:
                         self.trials_dir / f"{t.number}-confirm{len(runs) + 1}",
                     )
                     runs.append(outcome.values[0] if outcome.feasible else 0.0)
-                    self.study.set_user_attr(CONFIRM_ATTR, confirmations)
+                    self.study.set_user_attr(key, confirmations)
         except InfraError as exc:
             # the study itself is done: export what is confirmed so far rather than nothing
             self.stats.infra_failures += 1
@@ -419,9 +433,19 @@ def top_trials(study: optuna.Study, top: int) -> list[FrozenTrial]:
     return out[:top]
 
 
+def all_confirmations(study: optuna.Study) -> dict[str, list[float]]:
+    """Confirmation runs by trial number, merged over every worker's record."""
+    merged: dict[str, list[float]] = {}
+    for key, runs in study.user_attrs.items():
+        if key.startswith(CONFIRM_ATTR + ":"):
+            for trial, values in (runs or {}).items():
+                merged.setdefault(trial, []).extend(values)
+    return merged
+
+
 def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]:
     """The winner: highest mean of first measurement and confirmations; with the spread."""
-    confirmations = study.user_attrs.get(CONFIRM_ATTR) or {}
+    confirmations = all_confirmations(study)
     best, summary = None, {}
     for t in top_trials(study, max(len(confirmations), 1)):
         runs = [t.values[0], *confirmations.get(str(t.number), [])]
