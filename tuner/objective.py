@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -132,14 +133,33 @@ def failed_outcome(
     return TrialOutcome(status, values, constraints, reason, failure, **kw)
 
 
+#: flags SGLang dropped or renamed (sglang-reference.md section 9), with what to use instead
+VERSION_HINTS = {
+    "--cuda-graph-max-bs": "SGLang 0.5.23 split it into --cuda-graph-max-bs-decode and "
+    "--cuda-graph-max-bs-prefill",
+    "--cuda-graph-bs": "SGLang 0.5.23 split it into --cuda-graph-bs-decode and --cuda-graph-bs-prefill",
+    "--stream-output": "gone in SGLang 0.5.23",
+    "--enable-piecewise-cuda-graph": "gone in SGLang 0.5.23",
+    "--enable-hicache": "new in SGLang 0.5.23; older versions call it --enable-hierarchical-cache",
+    "--hicache-host-memory-fraction": "new in SGLang 0.5.23",
+    "--hicache-host-memory-mode": "new in SGLang 0.5.23",
+}
+
+
 def _rejected_flags(cfg: StudyConfig, result: StartResultLike) -> ConfigError:
     """The server's argument parser refused the command line: every trial would fail the same
     way (e.g. a flag this SGLang version lacks), so the study stops instead of burning a night."""
     evidence = [str(x) for x in result.info.get("evidence", []) if str(x).strip()]
-    said = next((x for x in reversed(evidence) if "error" in x.lower()), result.reason)
+    said = next((x for x in reversed(evidence) if "error" in x.lower()), result.reason).strip()
+    hints = [
+        f"{flag}: {hint}"
+        for flag, hint in VERSION_HINTS.items()
+        if re.search(rf"{flag}\b(?!-)", said)
+    ]
     return ConfigError(
-        f"the server rejected its command line ({said.strip()}): check the flags under "
-        "server: and space: against the SGLang version on the host",
+        f"the server rejected its command line ({said})"
+        + (f" [{'; '.join(hints)}]" if hints else "")
+        + ": check the flags under server: and space: against the SGLang version on the host",
         file=cfg.source,
     )
 

@@ -357,6 +357,8 @@ def test_a_flag_the_server_rejects_stops_the_study(tmp_path: Path) -> None:
             })  # fmt: skip
 
     cfg, study, server, tuning = setup(tmp_path, server=Strict())
-    with pytest.raises(ConfigError, match="unrecognized arguments: --cuda-graph-max-bs 64"):
+    with pytest.raises(ConfigError, match="unrecognized arguments: --cuda-graph-max-bs 64") as err:
         tuning.optimize(5, None)
+    assert "--cuda-graph-max-bs-decode" in str(err.value)  # says what replaced it, and since when
+    assert "\n" not in str(err.value)
     assert len(server.restarts) == 1  # one restart spent, not a night of them
