@@ -100,17 +100,26 @@ def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s.name == "qmc":
-        return optuna.samplers.QMCSampler(seed=seed, scramble=True)
+        _require("scipy", "qmc")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.QMCSampler(seed=seed, scramble=True)
     if s.name == "gp":
-        try:
-            import scipy  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "GPSampler needs torch and scipy installed", key="sampler.name"
-            ) from None
+        _require("scipy", "gp")
+        _require("torch", "gp")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=s.n_startup_trials)
     return optuna.samplers.GridSampler(_grid(cfg), seed=seed)
+
+
+def _require(module: str, sampler: str) -> None:
+    """Optional samplers need optional packages: say which, in one line, before anything runs."""
+    try:
+        __import__(module)
+    except ImportError:
+        raise ConfigError(
+            f"sampler {sampler} needs the {module} package (pip install {module})",
+            key="sampler.name",
+        ) from None
 
 
 def _grid(cfg: StudyConfig) -> dict[str, list[Any]]:

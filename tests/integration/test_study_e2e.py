@@ -130,10 +130,11 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("when", ["mid-trial", "between-trials"])
-def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
-    runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=4)
+def interrupt_tune(
+    study: Path, runs: Path, wait_for: Path, sig: int, settle_s: float
+) -> tuple[int, str]:
+    """Run `tuner tune` until `wait_for` exists, wait `settle_s`, send `sig` to the tuner alone
+    (its server lives in its own session); returns the exit code and stderr."""
     cmd = [
         sys.executable,
         "-m",
@@ -144,18 +145,27 @@ def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
         str(runs),
         "--no-progress",
     ]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)  # fmt: skip
     try:
-        trial = runs / "e2e" / "trials" / "1"
-        _wait_for(trial / ("launch.txt" if when == "mid-trial" else "metrics.json"), proc)
-        if when == "mid-trial":
-            time.sleep(1.0)  # the server is starting or the load is running
-        os.kill(proc.pid, signal.SIGKILL)  # the tuner only: its server lives in its own session
-        proc.wait(10)
+        _wait_for(wait_for, proc)
+        time.sleep(settle_s)
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("when", ["mid-trial", "between-trials"])
+def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, n_trials=4)
+    trial = runs / "e2e" / "trials" / "1"
+    mid = when == "mid-trial"  # the server is starting or the load running, else between trials
+    wait_for = trial / ("launch.txt" if mid else "metrics.json")
+    interrupt_tune(study, runs, wait_for, signal.SIGKILL, 1.0 if mid else 0.0)
     out = tuner("tune", str(study), "--runs-dir", str(runs))
     assert out.returncode == 0, out.stderr[-3000:]
     st = status(study, runs)
@@ -201,27 +211,8 @@ def test_demo_study_over_ssh(tmp_path: Path, sshd_server: Sshd) -> None:
 def test_signal_fails_trial_cleanly_and_exits_130(tmp_path: Path, sig: int) -> None:
     runs = tmp_path / "runs"
     study = study_file(tmp_path, n_trials=3)
-    cmd = [
-        sys.executable,
-        "-m",
-        "tuner",
-        "tune",
-        str(study),
-        "--runs-dir",
-        str(runs),
-        "--no-progress",
-    ]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, text=True)  # fmt: skip
-    try:
-        _wait_for(runs / "e2e" / "trials" / "1" / "launch.txt", proc)
-        time.sleep(1.0)
-        os.kill(proc.pid, sig)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err
+    code, err = interrupt_tune(study, runs, runs / "e2e" / "trials" / "1" / "launch.txt", sig, 1.0)
+    assert code == 130, err
     assert "Traceback" not in err
     st = status(study, runs)
     assert [t["state"] for t in st["trials"]][:2] == ["COMPLETE", "FAIL"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,6 +337,15 @@ def test_pareto_mode_keeps_the_front(tmp_path: Path) -> None:
 
     data = export_data(cfg, study)
     assert {p["trial"] for p in data["pareto_front"]} == {t.number for t in front}
+
+
+def test_a_sampler_whose_package_is_missing_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.errors import ConfigError
+    from tuner.study import make_sampler
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ConfigError, match=r"sampler\.name: sampler gp needs the torch package"):
+        make_sampler(parse_study({**STUDY, "sampler": {"name": "gp"}}, "unit.yaml"))
 
 
 @pytest.mark.parametrize("name", ["tpe", "random", "qmc", "grid"])
