@@ -251,18 +251,22 @@ def test_unreachable_after_retries() -> None:
         host.run(["true"])
 
 
-@pytest.mark.ssh
-def test_ssh_config_alias(sshd_server: Sshd) -> None:
+def alias_options(sshd_server: Sshd, alias: str):
+    """Only an ssh_config alias: HostName, Port, User and IdentityFile come from the file."""
     from tuner.hosts import SSHOptions
 
-    opts = SSHOptions(
-        host="tuner-test",
+    return SSHOptions(
+        host=alias,
         ssh_config=str(sshd_server.ssh_config),
         known_hosts=str(sshd_server.known_hosts),
         use_agent=False,
         look_for_keys=False,
     )
-    host = SSHHost(opts)
+
+
+@pytest.mark.ssh
+def test_ssh_config_alias(sshd_server: Sshd) -> None:
+    host = SSHHost(alias_options(sshd_server, "tuner-test"))
     try:
         assert host.name == f"ssh root@127.0.0.1:{sshd_server.port}"
         assert host.run(["whoami"]).stdout == "root\n"
@@ -272,16 +276,7 @@ def test_ssh_config_alias(sshd_server: Sshd) -> None:
 
 @pytest.mark.ssh
 def test_proxyjump_through_direct_tcpip(sshd_server: Sshd) -> None:
-    from tuner.hosts import SSHOptions
-
-    opts = SSHOptions(
-        host="tuner-jumped",
-        ssh_config=str(sshd_server.ssh_config),
-        known_hosts=str(sshd_server.known_hosts),
-        use_agent=False,
-        look_for_keys=False,
-    )
-    host = SSHHost(opts)
+    host = SSHHost(alias_options(sshd_server, "tuner-jumped"))
     try:
         # the target's peer is the jump host's sshd forwarding from 127.0.0.1
         res = host.run_shell("echo $SSH_CONNECTION")
