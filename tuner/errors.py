@@ -11,7 +11,7 @@
         └── CommandTimeout      a remote or local command ran past its deadline
 
 A server that fails to start *because of its flags* (OOM, host memory) is not an exception
-here: `server.py` returns it as a classified outcome, and the study records it as infeasible.
+here: `lifecycle.py` returns it as a classified outcome, and the study records it as infeasible.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from tuner.loadgen import LoadOptions, LoadResult, run_load_sync
 from tuner.metrics import goodput
 from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware
-from tuner.server import Server, ServerTimeouts, StartResult
+from tuner.lifecycle import Server, ServerTimeouts, StartResult
 from tuner.workload import Request, WorkloadSpec, build_requests
 
 #: requests built for a duration-bounded run when the study file gives no count (at least this

@@ -25,7 +25,7 @@ from sshd import assert_group_gone, free_port
 
 from tuner.hosts import Host, SSHHost
 from tuner.launch import LaunchSpec
-from tuner.server import Server, ServerTimeouts
+from tuner.lifecycle import Server, ServerTimeouts
 
 FAKE = str(Path(__file__).with_name("fake_sglang.py"))
 FAST = ServerTimeouts(ready_s=20, stop_s=5, port_free_s=3, gpu_free_s=5, poll_s=0.05, http_s=2)

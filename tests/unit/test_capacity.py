@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner import capacity as cap
-from tuner.capacity_report import CapacityInputs, analyze
+from tuner.capacity_analysis import CapacityInputs, analyze
 from tuner.modelcfg import load_model_config
 
 KIMI_GPU_MIB = 97887

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.server import (
+from tuner.lifecycle import (
     FAILURE_CLASSES,
     classify_failure,
     explain_failure,

@@ -8,7 +8,7 @@ import pytest
 
 from tuner.errors import InfraError
 from tuner.hosts import CommandResult
-from tuner.server import Server, ServerTimeouts
+from tuner.lifecycle import Server, ServerTimeouts
 
 T = ServerTimeouts(ready_s=10, stop_s=3, port_free_s=2, gpu_free_s=4, poll_s=0.5, http_s=1)
 

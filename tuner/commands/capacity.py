@@ -98,7 +98,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.capacity import ModelConfigError
-    from tuner.capacity_report import CapacityInputs, analyze
+    from tuner.capacity_analysis import CapacityInputs, analyze
     from tuner.modelcfg import load_model_config
 
     _check(args)
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        from tuner.report_capacity import render_capacity
+        from tuner.capacity_tables import render_capacity
 
         render_capacity(report, inputs)
     return 0

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner import runtime
     from tuner.export import export_data, render_yaml
     from tuner.objective import TrialRunner
-    from tuner.server import Server
+    from tuner.lifecycle import Server
     from tuner.study import (
         Tuning,
         feasible_trials,

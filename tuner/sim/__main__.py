@@ -66,7 +66,7 @@ def build_engine(ns: argparse.Namespace, profile: Profile, script: Script) -> An
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulated server until it exits; returns the process exit code."""
-    from tuner.sim.server import SimServer
+    from tuner.sim.realtime import SimServer
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -16,7 +16,7 @@ from aiohttp import web
 from tuner.sim import promtext, tokens
 
 if TYPE_CHECKING:
-    from tuner.sim.server import ReqState, SimServer
+    from tuner.sim.realtime import ReqState, SimServer
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 FLUSH_TEXT = (

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tuner.capacity_report import CapacityInputs
+from tuner.capacity_analysis import CapacityInputs
 
 
 def _n(x: float) -> str:
