@@ -3,7 +3,10 @@
     Exception
     ├── TunerError            the user's mistake: the CLI prints one line, exit 2, nothing written
     │   ├── ConfigError         study file or command-line value (names file and key path)
+    │   │   ├── UnknownVersionError   `sglang_version` outside tuner.sglang's tables
+    │   │   └── DuplicateFlagError    one SGLang flag given under two names
     │   ├── InputFileError      a data file the user gave: model config.json, workload dataset
+    │   ├── ModelConfigError    a model config lacks a field the KV calculus needs
     │   ├── HostTrustError      SSH host key unknown or changed, authentication refused
     │   └── StudyMismatchError  resuming a study whose fingerprint changed
     └── InfraError            the world failed, not the config: a trial becomes FAIL and is retried
@@ -43,6 +46,10 @@ class InputFileError(TunerError):
         self.line = line
         where = f"{file}:{line}" if line is not None else file
         super().__init__(f"{where}: {message}")
+
+
+class ModelConfigError(TunerError):
+    """A model config lacks a field the KV calculus needs (the message names the field)."""
 
 
 class HostTrustError(TunerError):

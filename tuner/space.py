@@ -20,6 +20,9 @@ from optuna.distributions import (
 )
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig
+from tuner.precheck import parallel_sizes
+from tuner.sglang.defaults import launch_defaults
+from tuner.sglang.flags import canonical_flag
 
 #: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
 HICACHE_FLAG_PREFIX = "hicache-"
@@ -145,19 +148,11 @@ def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
 def sglang_defaults(cfg: StudyConfig, gpu_mem_mib: float | None) -> dict[str, Any]:
     """Trial 0 without a `baseline:`: SGLang's own default for every searched flag that has one
     inside the search space (the mfs SGLang would compute for this GPU; HiCache off)."""
-    from tuner.capacity import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
-    from tuner.sim.flags import build_parser  # SGLang's flag table, defaults included
-
-    defaults = {a.dest.replace("_", "-"): a.default for a in build_parser()._actions}
-    if gpu_mem_mib:
-        tp = int(cfg.server.get("tensor-parallel-size") or cfg.server.get("tp-size") or 1)
-        defaults["mem-fraction-static"] = default_mem_fraction_static(gpu_mem_mib, tp)
-        chunk, graph_bs = default_chunked_prefill_and_graph_bs(gpu_mem_mib, tp)
-        defaults["chunked-prefill-size"], defaults["cuda-graph-max-bs"] = chunk, graph_bs
-    defaults["hicache-size"] = 0
+    tp, _ = parallel_sizes(cfg.server)
+    defaults = launch_defaults(gpu_mem_mib, tp)
     out = {}
     for name, dist in distributions(cfg.space).items():
-        value = defaults.get(name)
+        value = defaults.get(canonical_flag(name) or name)
         if value is not None and not isinstance(value, bool) and _inside(dist, value):
             out[name] = _snap(dist, value)
     return active_params(out, cfg.space)

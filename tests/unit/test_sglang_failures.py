@@ -1,0 +1,72 @@
+"""tuner.sglang.failures: the failure classes, and the package's one-way, I/O-free imports.
+
+The classification itself is tested against SGLang's messages in test_server_classify.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.sglang.failures import READY_LINE, WEIGHTS_LOADED_LINE, FailureClass, explain_failure
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tuner" / "sglang"
+
+
+def test_failure_classes_are_the_stored_strings() -> None:
+    assert [c.value for c in FailureClass] == [
+        "oom_cuda_graph",
+        "oom_runtime",
+        "not_enough_memory",
+        "host_memory",
+        "bad_flag",
+        "port_in_use",
+        "timeout",
+        "crashed",
+        "stale_server",
+        "args_mismatch",
+    ]
+    assert FailureClass.BAD_FLAG == "bad_flag" and f"{FailureClass.TIMEOUT}" == "timeout"
+
+
+def test_the_class_is_the_enum() -> None:
+    cls, reason = explain_failure(2, ["launch_server.py: error: unrecognized arguments: --x"])
+    assert cls is FailureClass.BAD_FLAG and reason.endswith("--x")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "line"),
+    [
+        (READY_LINE, "[2026-01-12 10:00:09] The server is fired up and ready to roll!"),
+        (WEIGHTS_LOADED_LINE, "[2026-01-12 10:00:03 TP0] Load weight end. type=LlamaForCausalLM"),
+        (WEIGHTS_LOADED_LINE, "[2026-01-12 10:00:04 TP0] KV Cache is allocated. #tokens: 450000"),
+    ],
+)
+def test_start_up_milestones(pattern, line: str) -> None:
+    assert pattern.search(line)
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_package_is_knowledge_not_io() -> None:
+    """No simulator (it imports us), no I/O library: only the stdlib's pure parts and ours."""
+    allowed_ours = {"tuner.errors"}
+    io_stdlib = {"os", "subprocess", "socket", "urllib", "http", "asyncio", "shutil", "pathlib"}
+    for path in sorted(PACKAGE.glob("*.py")):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top == "tuner":
+                assert name in allowed_ours or name.startswith("tuner.sglang"), (path, name)
+            else:
+                assert top in sys.stdlib_module_names and top not in io_stdlib, (path, name)
