@@ -46,7 +46,7 @@ class Point:
 
 def profile_engine_inputs(name: str) -> tuple[EngineParams, StepTimeModel, int]:
     """EngineParams the simulated server would use with the profile's default flags."""
-    from tuner.sim.__main__ import engine_params  # SIM-SERVER's flags -> params
+    from tuner.sim.bootstrap import engine_params  # SIM-SERVER's flags -> params
     from tuner.sim.flags import parse_flags
     from tuner.sim.startup import build_script
 

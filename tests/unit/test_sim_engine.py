@@ -22,11 +22,22 @@ from tuner.sim.profile import load_profile
 
 BPT = 70_272  # Kimi / DeepSeek MLA bytes per token per GPU
 TIMING = StepTimeModel(
-    decode_fixed_ms=15, hbm_gbps=4000, hbm_efficiency=0.6, dense_weights_gib=8,
-    moe_weights_gib=62, moe_experts=384, moe_topk=8, kv_read_efficiency=0.35,
-    decode_per_req_us=180, prefill_fixed_ms=20, prefill_us_per_token=90,
-    prefill_attn_ns_per_pair=6, pcie_gbps=40, noise_run_pct=2.0, noise_step_pct=1.0,
-)  # fmt: skip
+    decode_fixed_ms=15,
+    hbm_gbps=4000,
+    hbm_efficiency=0.6,
+    dense_weights_gib=8,
+    moe_weights_gib=62,
+    moe_experts=384,
+    moe_topk=8,
+    kv_read_efficiency=0.35,
+    decode_per_req_us=180,
+    prefill_fixed_ms=20,
+    prefill_us_per_token=90,
+    prefill_attn_ns_per_pair=6,
+    pcie_gbps=40,
+    noise_run_pct=2.0,
+    noise_step_pct=1.0,
+)
 QUIET = StepTimeModel(noise_run_pct=0, noise_step_pct=0)
 
 DECODE_RE = re.compile(
@@ -130,9 +141,10 @@ def test_admission_reserves_output_by_new_token_ratio():
 
     def admits_second(conservativeness: float) -> bool:
         p = EngineParams(
-            max_total_tokens=20_000, max_running_requests=100,
+            max_total_tokens=20_000,
+            max_running_requests=100,
             schedule_conservativeness=conservativeness,
-        )  # fmt: skip
+        )
         eng = Engine(p, QUIET, BPT)
         eng.add_request("a", list(range(1000)), 10_000)
         for _ in range(10):
@@ -165,9 +177,11 @@ def test_retraction_when_ratio_is_too_optimistic():
 
 def test_disabled_radix_cache_with_ignore_eos_never_retracts():
     params = EngineParams(
-        max_total_tokens=30_000, max_running_requests=256, schedule_conservativeness=0.3,
+        max_total_tokens=30_000,
+        max_running_requests=256,
+        schedule_conservativeness=0.3,
         radix_cache=False,
-    )  # fmt: skip
+    )
     reqs = unique_requests(40, 500, 1000, 1500, 2000)
     logs, gen = drive(Engine(params, QUIET, BPT), reqs, 40)
     assert not any(line.startswith("KV cache pool") for line in logs)
@@ -253,8 +267,9 @@ def test_engine_oom_when_a_prefill_batch_exceeds_the_limit():
         eng.step()
     ok = Engine(
         EngineParams(max_total_tokens=100_000, max_running_requests=64, oom_prefill_tokens=7000),
-        QUIET, BPT,
-    )  # fmt: skip
+        QUIET,
+        BPT,
+    )
     ok.add_request("a", list(range(3000)), 10)
     ok.add_request("b", list(range(5000, 8000)), 10)
     ok.step()
@@ -363,9 +378,11 @@ def test_kimi_calibration_about_50_running_near_830_tokens_per_second():
     """The observed real server: ~50 running 2-4k-token requests decode at 780-890 tok/s."""
     timing = StepTimeModel.from_mapping(load_profile("kimi-k2.5-tp8").timing)
     params = EngineParams(
-        max_total_tokens=116_171, max_running_requests=2048, context_len=262_144,
+        max_total_tokens=116_171,
+        max_running_requests=2048,
+        context_len=262_144,
         cuda_graph_max_bs=512,
-    )  # fmt: skip
+    )
     reqs = unique_requests(200, 1000, 2500, 500, 1500)
     logs, _ = drive(Engine(params, timing, BPT), reqs, 96)
     thr = decode_field(logs, "gen throughput (token/s)")

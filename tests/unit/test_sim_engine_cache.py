@@ -28,9 +28,7 @@ def ids(seed: int, n: int) -> tuple[int, ...]:
 def shared_prefix_workload(groups: int, prefix: int, question: int, out: int, n: int, burst=1):
     """`n` requests cycling over `groups` system prompts, `burst` in a row per prompt."""
     prefixes = [ids(10_000 + g, prefix) for g in range(groups)]
-    return [
-        SimRequest(prefixes[i // burst % groups] + ids(i, question), out) for i in range(n)
-    ]  # fmt: skip
+    return [SimRequest(prefixes[i // burst % groups] + ids(i, question), out) for i in range(n)]
 
 
 def throughput(results) -> float:
@@ -229,8 +227,8 @@ def test_kv_accounting_stays_consistent_under_churn(params):
                 live.remove(ev.rid)
         st = eng.stats()
         assert 0 <= st.num_used_tokens <= total
-        assert eng._free() >= 0
-        cache = eng._cache
+        assert eng.pool.free() >= 0
+        cache = eng.pool.cache
         if cache is not None:
             assert 0 <= cache.evictable <= cache.gpu_tokens <= total
             assert 0 <= cache.host_used <= cache.host_capacity
@@ -238,9 +236,9 @@ def test_kv_accounting_stays_consistent_under_churn(params):
         eng.step()
     st = eng.stats()
     assert st.num_used_tokens == 0 and st.num_running_reqs == 0 and st.num_queue_reqs == 0
-    assert eng._private == 0
-    if eng._cache is not None:
-        assert eng._cache.evictable == eng._cache.gpu_tokens
+    assert eng.pool.private == 0
+    if eng.pool.cache is not None:
+        assert eng.pool.cache.evictable == eng.pool.cache.gpu_tokens
 
 
 def test_multi_turn_follow_up_reuses_the_rendered_answer():

@@ -8,6 +8,7 @@ import pytest
 
 from tuner import capacity
 from tuner.errors import InputFileError
+from tuner.sglang.defaults import default_mem_fraction_static
 from tuner.sim.flags import parse_flags
 from tuner.sim.profile import load_profile, profile_names
 from tuner.sim.startup import EXIT_CHILD_FAILED, EXIT_MAIN_EXCEPTION, build_script, plan_memory
@@ -48,7 +49,7 @@ def test_pool_agrees_with_capacity(profile, mfs):
 
 def test_defaults_follow_gpu_size():
     s = script_for("llama-3.1-8b-h100")
-    assert s.defaults.mem_fraction_static == capacity.default_mem_fraction_static(81559, 1)
+    assert s.defaults.mem_fraction_static == default_mem_fraction_static(81559, 1)
     assert (s.defaults.chunked_prefill_size, s.defaults.cuda_graph_max_bs) == (8192, 256)
     q = script_for("qwen2.5-7b-l4")
     assert (q.defaults.chunked_prefill_size, q.defaults.cuda_graph_max_bs) == (2048, 24)

@@ -9,60 +9,16 @@ use SGLang's stricter "can everyone finish" check (add_one_req_ignore_eos).
 
 from __future__ import annotations
 
-import zlib
 from bisect import bisect_right
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
+from tuner.sim.kvpool import KVPool
 from tuner.sim.radix import Node
-
-if TYPE_CHECKING:
-    from tuner.sim.engine import Engine
+from tuner.sim.schedreq import SchedReq
+from tuner.sim.schedtypes import EngineParams
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 IGNORE_EOS_RESERVE_TOKENS = 1
-
-
-class SchedReq:
-    """A request inside the scheduler (mutable; never leaves the engine)."""
-
-    __slots__ = (
-        "alloc", "cached", "extend", "filled", "ignore_eos", "index", "keys", "max_new", "out",
-        "output_seed", "path", "prefix", "prompt_len", "reason", "rid", "rid_seed", "seen",
-        "start", "state", "stop_after", "tail", "times",
-    )  # fmt: skip
-
-    def __init__(self, rid: str, prompt_len: int, keys: list[int], max_new: int, stop: int | None):
-        self.rid = rid
-        self.rid_seed = zlib.crc32(rid.encode())
-        self.prompt_len = prompt_len
-        self.keys = keys  # chain keys of the prompt's full blocks
-        self.tail: tuple[int, ...] = ()  # prompt ids after the last full block
-        self.output_seed: int | None = None  # the HTTP layer's seed for generated token ids
-        self.max_new = max_new
-        self.stop_after = stop
-        self.ignore_eos = stop is None
-        self.out = 0  # tokens generated
-        self.path: list[Node] = []  # locked cache nodes (the shared prefix)
-        self.alloc = 0  # private KV slots beyond the prefix, page-rounded
-        self.prefix = 0  # tokens in `path`
-        self.filled = 0  # tokens whose KV exists (prefix + private)
-        self.extend = 0  # tokens prefilled in the current batch
-        self.cached = 0  # cached tokens at first admission (reported)
-        self.seen = False  # admitted at least once
-        self.state = "waiting"  # waiting | chunked | running | done
-        self.reason: dict | None = None  # finish reason once done
-        self.index = -1  # closed-loop bookkeeping
-        self.start = 0.0
-        self.times: list[float] | None = None  # token times, only when run_closed_loop tracks
-
-    @property
-    def fill_len(self) -> int:
-        return self.prompt_len + self.out
-
-
-def abort_reason(message: str) -> dict:
-    """SGLang's finish_reason of an aborted request."""
-    return {"type": "abort", "message": message}
 
 
 CONTINUE, NO_TOKEN, OTHER = 0, 1, 2
@@ -71,17 +27,20 @@ CONTINUE, NO_TOKEN, OTHER = 0, 1, 2
 class PrefillAdder:
     """One round of SGLang's PrefillAdder: the token budgets of a prefill batch being formed."""
 
-    def __init__(self, eng: Engine, running_bs: int):
-        p = eng.params
-        self.eng = eng
-        self.rem_input = p.max_prefill_tokens
-        self.rem_chunk: int | None = p.chunked_prefill_size if p.chunked_prefill_size > 0 else None
-        ratio = eng._ratio
+    def __init__(
+        self, params: EngineParams, pool: KVPool, running: Sequence[SchedReq], ratio: float
+    ):
+        self.pool = pool
+        self.running = running
+        self.ratio = ratio  # new_token_ratio: how much of its max_new_tokens a request writes
+        self.rem_input = params.max_prefill_tokens
+        chunk = params.chunked_prefill_size
+        self.rem_chunk: int | None = chunk if chunk > 0 else None
         # What running requests may still write, at the current estimate of how much they will.
         self.offset = sum(
-            min(max(r.max_new - r.out, 0), CLIP_MAX_NEW_TOKENS) * ratio for r in eng._running
+            min(max(r.max_new - r.out, 0), CLIP_MAX_NEW_TOKENS) * ratio for r in running
         )
-        self.cur_rem = eng._free() + eng._evictable()
+        self.cur_rem = pool.free() + pool.evictable()
         self.can_run: list[SchedReq] = []
         self.new_chunked: SchedReq | None = None
         self.log_hit = 0
@@ -90,7 +49,7 @@ class PrefillAdder:
         self.req_states: list[tuple[float, int]] | None = None
 
     def rem_total(self) -> float:
-        return self.eng._free() + self.eng._evictable() - self.offset
+        return self.pool.free() + self.pool.evictable() - self.offset
 
     def _budget(self, prefix: int, input_tokens: int, max_new: int) -> None:
         self.offset += input_tokens + max_new
@@ -114,79 +73,92 @@ class PrefillAdder:
         rem = min(self.rem_chunk, int(self.rem_total()))
         need = req.fill_len - req.filled
         truncated = need > rem
-        req.extend = max(min(need, rem), min(need, self.eng._page))
+        req.extend = max(min(need, rem), min(need, self.pool.page))
         self.can_run.append(req)
         self._budget(0, req.extend, 0 if truncated else min(req.max_new, CLIP_MAX_NEW_TOKENS))
         self.new_chunked = req if truncated else None
 
     def add_one(self, req: SchedReq) -> int:
         """Try to admit one waiting request (SGLang's add_one_req)."""
-        eng = self.eng
-        cache = eng._cache
+        pool = self.pool
         gpu: list[Node] = []
         host: list[Node] = []
-        if cache is not None:
-            gpu, host = cache.match(req.keys, (req.fill_len - 1) // eng._block)
-        prefix = len(gpu) * eng._block
+        if pool.cache is not None:
+            gpu, host = pool.cache.match(req.keys, (req.fill_len - 1) // pool.block)
+        prefix = len(gpu) * pool.block
         extend = req.fill_len - prefix
-        if cache is None and req.ignore_eos:
-            if not self._fits_ignore_eos(req, extend):
-                return NO_TOKEN
-        else:
-            total = extend + min(max(req.max_new - req.out, 0), CLIP_MAX_NEW_TOKENS)
-            if total >= self.rem_total():
-                return NO_TOKEN
-            if eng._page_ceil(extend) >= self.rem_input and self.can_run:
-                return OTHER
-            if cache is not None:
-                cache.lock(gpu)
-                if total >= self.rem_total():  # locking our own prefix made it unevictable
-                    cache.unlock(gpu, eng._tick)
-                    return NO_TOKEN
-        load = 0
-        if host and cache is not None and eng._ensure_free(len(host) * eng._block):
-            cache.load_back(host)
-            cache.lock(host)
+        verdict = self._reserve(req, gpu, extend)
+        if verdict != CONTINUE:
+            return verdict
+        load = self._load_back(host)
+        if load:
             gpu = gpu + host
-            load = len(host) * eng._block
             prefix += load
             extend -= load
-        input_tokens = eng._page_ceil(extend)
+        input_tokens = pool.page_ceil(extend)
         if input_tokens >= self.rem_input and self.can_run:
-            if cache is not None:
-                cache.unlock(gpu, eng._tick)
+            self._unlock(gpu)
             return OTHER
         if self.rem_chunk is None or input_tokens <= self.rem_chunk:
             req.extend = extend
             max_new = min(req.max_new, CLIP_MAX_NEW_TOKENS)
         else:
-            trunc = self.rem_chunk // eng._page * eng._page
+            trunc = self.rem_chunk // pool.page * pool.page
             if trunc <= 0:
-                if cache is not None:
-                    cache.unlock(gpu, eng._tick)
+                self._unlock(gpu)
                 return OTHER
             req.extend = trunc
             input_tokens = trunc
             max_new = 0
             self.new_chunked = req
-        eng._accept(req, gpu, prefix, load)
+        pool.accept(req, gpu, prefix)
         self.load_tokens += load
         self.can_run.append(req)
         self._budget(prefix, input_tokens, max_new)
         return self._state()
 
+    def _reserve(self, req: SchedReq, gpu: list[Node], extend: int) -> int:
+        """Room for the prompt and its output reserve; locks the GPU prefix when there is."""
+        cache = self.pool.cache
+        if cache is None and req.ignore_eos:
+            return CONTINUE if self._fits_ignore_eos(req, extend) else NO_TOKEN
+        total = extend + min(max(req.max_new - req.out, 0), CLIP_MAX_NEW_TOKENS)
+        if total >= self.rem_total():
+            return NO_TOKEN
+        if self.pool.page_ceil(extend) >= self.rem_input and self.can_run:
+            return OTHER
+        if cache is not None:
+            cache.lock(gpu)
+            if total >= self.rem_total():  # locking our own prefix made it unevictable
+                cache.unlock(gpu, self.pool.tick)
+                return NO_TOKEN
+        return CONTINUE
+
+    def _load_back(self, host: list[Node]) -> int:
+        """Bring a host-tier prefix back to the GPU (locked) if it fits; the tokens loaded."""
+        pool = self.pool
+        if not host or pool.cache is None or not pool.ensure_free(len(host) * pool.block):
+            return 0
+        pool.cache.load_back(host)
+        pool.cache.lock(host)
+        return len(host) * pool.block
+
+    def _unlock(self, path: list[Node]) -> None:
+        if self.pool.cache is not None:
+            self.pool.cache.unlock(path, self.pool.tick)
+
     def _fits_ignore_eos(self, req: SchedReq, extend: int) -> bool:
         """SGLang's add_one_req_ignore_eos: admit only if every request can run to the end."""
-        if self.eng._page_ceil(extend) > min(self.cur_rem, self.rem_total()):
+        if self.pool.page_ceil(extend) > min(self.cur_rem, self.rem_total()):
             return False
-        ratio = self.eng._ratio
+        ratio = self.ratio
 
         def state(r: SchedReq) -> tuple[float, int] | None:
             left = r.max_new * (1.0 if r.ignore_eos else ratio) - r.out
             return (left, r.prompt_len + r.out) if left > 0 else None
 
         if self.req_states is None:
-            found = [state(r) for r in (req, *self.eng._running, *self.can_run)]
+            found = [state(r) for r in (req, *self.running, *self.can_run)]
             self.req_states = sorted((s for s in found if s is not None), key=lambda s: s[0])
         else:
             s = state(req)

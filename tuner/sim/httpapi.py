@@ -1,162 +1,39 @@
 """SGLang's HTTP endpoints for the simulator, same paths and JSON shapes (reference section 4).
 
-Handlers only translate HTTP <-> `SimServer` calls (submit, wait, release); all state lives in
-the server object registered as `app["srv"]`.
+Handlers only translate HTTP <-> `SimBackend` calls (submit, wait, release); all state lives in
+the server object `add_routes` registers (realtime.SimServer). The OpenAI endpoints are in
+openai_api.py, what both share in httpcommon.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from tuner.sim import promtext, tokens
+from tuner.sim.httpcommon import (
+    BACKEND_KEY,
+    SSE_HEADERS,
+    BadRequest,
+    SimBackend,
+    backend,
+    error_response,
+    ids_from,
+    read_json,
+    send_sse,
+    start_request,
+    updates,
+)
+from tuner.sim.openai_api import chat_completions, completions
+from tuner.sim.reqstate import ReqState
 
-if TYPE_CHECKING:
-    from tuner.sim.realtime import ReqState, SimServer
-
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 FLUSH_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
-
-
-class BadRequest(Exception):
-    """A request SGLang would refuse with 400 (the message is SGLang's)."""
-
-
-def _srv(request: web.Request) -> SimServer:
-    return request.app["srv"]
-
-
-def _error(message: str, status: int, openai: bool) -> web.Response:
-    if openai:
-        body = {
-            "object": "error",
-            "message": message,
-            "type": "BadRequestError",
-            "param": None,
-            "code": status,
-        }
-        if status == 503:
-            body["type"] = "ServiceUnavailableError"
-        return web.json_response(body, status=status)
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-async def _json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("Invalid JSON body.") from None
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    return body
-
-
-def _check_input(srv: SimServer, ids: list[int], max_new: int) -> None:
-    """SGLang's tokenizer-manager checks on one request (context length, token budget)."""
-    ctx = srv.script.defaults.context_len
-    if not ids:
-        raise BadRequest("The input is empty.")
-    if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
-        raise BadRequest(f"max_new_tokens must be a non-negative integer, got {max_new!r}.")
-    if len(ids) >= ctx:
-        raise BadRequest(
-            f"The input ({len(ids)} tokens) is longer than the model's context length ({ctx} tokens)."
-        )
-    if len(ids) + max_new >= ctx:
-        raise BadRequest(
-            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-            f"You requested a total of {len(ids) + max_new} tokens: {len(ids)} tokens from the "
-            f"input messages and {max_new} tokens for the completion. Please reduce the number of "
-            "tokens in the input messages or the completion to fit within the limit."
-        )
-    limit = srv.plan.max_req_input_len if srv.plan else ctx
-    if len(ids) > limit:
-        raise BadRequest(
-            f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({limit} tokens). "
-            "Use a shorter input or enable --allow-auto-truncate."
-        )
-
-
-def _ids_from(value: Any) -> list[int]:
-    if isinstance(value, str):
-        return tokens.encode(value)
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        return _ids_from(value[0])
-    if isinstance(value, list) and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in value
-    ):
-        return list(value)
-    raise BadRequest(
-        "Expected one prompt: a string or a list of token ids (batches are not simulated)."
-    )
-
-
-async def _start(
-    request: web.Request,
-    ids: list[int],
-    max_new: int,
-    ignore_eos: bool,
-    rid: str | None,
-    openai: bool,
-):
-    """Admission: readiness, queue limit, input checks; a ReqState or an error response."""
-    srv = _srv(request)
-    if srv.state not in ("loaded", "ready") or srv.engine is None:
-        return _error(
-            "The server is not ready."
-            if srv.state == "starting"
-            else "The server is shutting down.",
-            503,
-            openai,
-        )
-    try:
-        _check_input(srv, ids, max_new)
-    except BadRequest as exc:
-        return _error(str(exc), 400, openai)
-    limit = srv.ns.max_queued_requests
-    if limit is not None and srv.engine.stats().num_queue_reqs >= limit:
-        return _error("The request queue is full.", 503, openai)
-    if rid is not None and rid in srv.requests:
-        return _error(f"Duplicate request id: {rid}", 400, openai)
-    from tuner.sim.engine import QueueFull
-
-    try:
-        return srv.submit(ids, max_new, ignore_eos, rid)
-    except QueueFull:
-        return _error("The request queue is full.", 503, openai)
-
-
-async def _updates(srv: SimServer, st: ReqState):
-    """Yield each time there is something to send: new tokens (>= stream_interval) or the end.
-
-    Waiting on the request's event means that tokens delivered while the client was slow are
-    sent together, in one chunk: SGLang's coalescing under load.
-    """
-    sent = 0
-    interval = max(1, srv.ns.stream_interval)
-    while True:
-        await st.event.wait()
-        st.event.clear()
-        if st.finished or st.completion_tokens - sent >= interval:
-            yield sent
-            sent = st.completion_tokens
-        if st.finished:
-            return
-
-
-async def _sse(resp: web.StreamResponse, payload: Any) -> None:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    await resp.write(f"data: {data}\n\n".encode())
-
-
-# --- native API ---------------------------------------------------------------------------------
 
 
 def _meta(st: ReqState, now: float) -> dict[str, Any]:
@@ -172,18 +49,18 @@ def _meta(st: ReqState, now: float) -> dict[str, Any]:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """POST /generate: `text` or `input_ids`; cumulative text when streaming."""
-    srv = _srv(request)
+    srv = backend(request)
     try:
-        body = await _json(request)
+        body = await read_json(request)
         sp = body.get("sampling_params") or {}
         raw = body["input_ids"] if "input_ids" in body else body.get("text")
         if raw is None:
             raise BadRequest("Either text or input_ids should be provided.")
-        ids = _ids_from(raw)
+        ids = ids_from(raw)
         max_new = sp.get("max_new_tokens", 128)
     except BadRequest as exc:
-        return _error(str(exc), 400, False)
-    st = await _start(
+        return error_response(str(exc), 400, False)
+    st = await start_request(
         request, ids, max_new, bool(sp.get("ignore_eos", False)), body.get("rid"), False
     )
     if isinstance(st, web.Response):
@@ -201,14 +78,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
             )
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        async for _ in _updates(srv, st):
+        async for _ in updates(srv, st):
             chunk = {
                 "text": st.text(),
                 "output_ids": list(st.output_ids()),
                 "meta_info": _meta(st, loop_time()),
             }
-            await _sse(resp, chunk)
-        await _sse(resp, "[DONE]")
+            await send_sse(resp, chunk)
+        await send_sse(resp, "[DONE]")
         return resp
     finally:
         srv.release(st)
@@ -216,12 +93,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def health(request: web.Request) -> web.Response:
     """GET /health: 200 once ready, 503 while starting or draining."""
-    return web.Response(status=200 if _srv(request).state == "ready" else 503)
+    return web.Response(status=200 if backend(request).state == "ready" else 503)
 
 
 async def health_generate(request: web.Request) -> web.Response:
     """GET /health_generate: a one-token generation must come back within 20 s."""
-    srv = _srv(request)
+    srv = backend(request)
     if srv.state != "ready":
         return web.Response(status=503)
     st = srv.submit(tokens.encode("health check"), 1, True)
@@ -236,7 +113,7 @@ async def health_generate(request: web.Request) -> web.Response:
 
 async def server_info(request: web.Request) -> web.Response:
     """GET /get_server_info and /server_info: resolved args, capacity, version, internal state."""
-    srv = _srv(request)
+    srv = backend(request)
     plan = srv.plan
     assert plan is not None
     stats = srv.engine.stats() if srv.engine is not None else None
@@ -273,23 +150,25 @@ async def server_info(request: web.Request) -> web.Response:
 
 async def model_info(request: web.Request) -> web.Response:
     """GET /get_model_info and /model_info."""
-    srv = _srv(request)
-    return web.json_response({
-        "model_path": srv.ns.model_path,
-        "tokenizer_path": srv.ns.tokenizer_path or srv.ns.model_path,
-        "is_generation": True,
-        "preferred_sampling_params": None,
-        "weight_version": "default",
-        "has_image_understanding": False,
-        "has_audio_understanding": False,
-        "model_type": srv.profile.model_config.get("model_type"),
-        "architectures": srv.profile.model_config.get("architectures"),
-    })  # fmt: skip
+    srv = backend(request)
+    return web.json_response(
+        {
+            "model_path": srv.ns.model_path,
+            "tokenizer_path": srv.ns.tokenizer_path or srv.ns.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": srv.profile.model_config.get("model_type"),
+            "architectures": srv.profile.model_config.get("architectures"),
+        }
+    )
 
 
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models."""
-    srv = _srv(request)
+    srv = backend(request)
     card = {
         "id": srv.served_model_name,
         "object": "model",
@@ -304,14 +183,14 @@ async def models(request: web.Request) -> web.Response:
 
 async def flush_cache(request: web.Request) -> web.Response:
     """POST /flush_cache: refused (400) while requests are pending."""
-    srv = _srv(request)
+    srv = backend(request)
     ok = srv.engine is not None and srv.engine.flush_cache()
     return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
 
 
 async def metrics(request: web.Request) -> web.Response:
     """GET /metrics (only with --enable-metrics), Prometheus text."""
-    srv = _srv(request)
+    srv = backend(request)
     if not srv.ns.enable_metrics:
         return web.Response(status=404, text="404: Not Found")
     stats = srv.engine.stats() if srv.engine is not None else None
@@ -319,17 +198,18 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
 
-def add_routes(app: web.Application, srv: SimServer) -> None:
+def add_routes(app: web.Application, srv: SimBackend) -> None:
     """Register every endpoint on `app` for `srv`."""
-    from tuner.sim.openai_api import chat_completions, completions
-
-    app["srv"] = srv
+    app[BACKEND_KEY] = srv
     app["loop_time"] = asyncio.get_running_loop().time
     ready_only = {
-        "/get_server_info": server_info, "/server_info": server_info,
-        "/get_model_info": model_info, "/model_info": model_info, "/v1/models": models,
+        "/get_server_info": server_info,
+        "/server_info": server_info,
+        "/get_model_info": model_info,
+        "/model_info": model_info,
+        "/v1/models": models,
         "/metrics": metrics,
-    }  # fmt: skip
+    }
 
     def gated(handler):
         async def wrapped(request: web.Request) -> web.StreamResponse:

@@ -101,9 +101,18 @@ class Profile:
 
 
 _NUMBER_KEYS = {
-    "gpu_mem_mib", "cuda_context_mib", "hbm_gbps", "pcie_gbps", "tflops", "host_ram_gb",
-    "host_used_gb", "weights_gib_per_gpu", "other_gib", "active_params_b", "startup_s",
-}  # fmt: skip
+    "gpu_mem_mib",
+    "cuda_context_mib",
+    "hbm_gbps",
+    "pcie_gbps",
+    "tflops",
+    "host_ram_gb",
+    "host_used_gb",
+    "weights_gib_per_gpu",
+    "other_gib",
+    "active_params_b",
+    "startup_s",
+}
 _STR_KEYS = {"name", "gpu_name", "model_path", "served_model_name", "architecture", "version"}
 _GRAPH_KEYS = {f.name for f in fields(GraphMemory)}
 _ALL_KEYS = _NUMBER_KEYS | _STR_KEYS | {"tp", "model_config", "graph_memory", "timing"}

@@ -10,19 +10,26 @@ import bisect
 from collections.abc import Mapping
 from typing import Any
 
+
+def _bounds(text: str) -> tuple[float, ...]:
+    """Histogram bucket bounds written as one line of numbers."""
+    return tuple(float(x) for x in text.split())
+
+
+#: SGLang's bucket bounds (seconds)
 BUCKETS: Mapping[str, tuple[float, ...]] = {
-    "time_to_first_token_seconds": (
-        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0,
+    "time_to_first_token_seconds": _bounds(
+        "0.1 0.2 0.4 0.6 0.8 1.0 2.0 4.0 6.0 8.0 10.0 20.0 40.0 60.0 80.0 120.0 160.0"
     ),
-    "inter_token_latency_seconds": (
-        0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
-        0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0,
+    "inter_token_latency_seconds": _bounds(
+        "0.002 0.004 0.006 0.008 0.010 0.015 0.020 0.025 0.030 0.035 0.040 0.060 0.080 "
+        "0.100 0.200 0.400 0.600 0.800 1.0 2.0 4.0 6.0 8.0"
     ),
-    "e2e_request_latency_seconds": (
-        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
-        150.0, 200.0, 250.0, 300.0, 350.0, 500.0, 1000.0,
+    "e2e_request_latency_seconds": _bounds(
+        "0.1 0.2 0.4 0.6 0.8 1.0 2.0 4.0 6.0 8.0 10.0 20.0 40.0 60.0 80.0 100.0 "
+        "150.0 200.0 250.0 300.0 350.0 500.0 1000.0"
     ),
-}  # fmt: skip
+}
 
 GAUGES = {
     "num_running_reqs": "The number of running requests.",

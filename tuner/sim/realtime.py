@@ -19,21 +19,23 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import os
 import random
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from aiohttp import web
 
 from tuner.sim import tokens
+from tuner.sim.engine import Engine, EngineOOM, TokenEvent
 from tuner.sim.flags import server_args_dict
 from tuner.sim.httpapi import add_routes
 from tuner.sim.profile import Profile
 from tuner.sim.promtext import Histograms
+from tuner.sim.reqstate import ReqState
 from tuner.sim.startup import (
     EXIT_CHILD_FAILED,
     EXIT_MAIN_EXCEPTION,
@@ -66,39 +68,6 @@ class Log:
             self.stream.flush()
 
 
-@dataclass
-class ReqState:
-    """One request in flight, updated by the engine loop and read by its HTTP handler."""
-
-    rid: str
-    seed: int
-    prompt_tokens: int
-    created: float
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finished: bool = False
-    finish_reason: dict | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    finished_at: float | None = None
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    _ids: list[int] = field(default_factory=list)
-    _text: list[str] = field(default_factory=list)
-
-    def output_ids(self) -> list[int]:
-        """Generated ids so far (rendered lazily, once per token)."""
-        for i in range(len(self._ids), self.completion_tokens):
-            tid = tokens.output_token_id(self.seed, i)
-            self._ids.append(tid)
-            self._text.append(f"tok{tid} ")
-        return self._ids
-
-    def text(self, start: int = 0) -> str:
-        """Generated text from token `start` on (cumulative when start is 0)."""
-        self.output_ids()
-        return "".join(self._text[start : self.completion_tokens])
-
-
 class SimServer:
     """One simulated SGLang process; `await run()` returns its exit code."""
 
@@ -107,7 +76,7 @@ class SimServer:
         ns: argparse.Namespace,
         profile: Profile,
         script: Script,
-        engine_factory: Callable[[], Any],
+        engine_factory: Callable[[], Engine],
         stream: TextIO = sys.stderr,
     ):
         self.ns = ns
@@ -115,7 +84,7 @@ class SimServer:
         self.script = script
         self.plan = script.plan
         self.engine_factory = engine_factory
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.log = Log(stream, ns.tp_size)
         self.rng = random.Random(ns.sim_seed)
         self.state = "starting"  # starting -> loaded -> ready -> draining
@@ -225,8 +194,6 @@ class SimServer:
             await runner.cleanup()
 
     async def _serve(self) -> int:
-        import os
-
         self.log(f"INFO:     Started server process [{os.getpid()}]", raw=True)
         self.log("INFO:     Waiting for application startup.", raw=True)
         self.log("INFO:     Application startup complete.", raw=True)
@@ -234,9 +201,9 @@ class SimServer:
             f"INFO:     Uvicorn running on http://{self.ns.host}:{self.ns.port} (Press CTRL+C to quit)",
             raw=True,
         )
-        self.engine = self.engine_factory()
+        engine = self.engine = self.engine_factory()
         self.state = "loaded"
-        loop_task = asyncio.create_task(self._engine_loop())
+        loop_task = asyncio.create_task(self._engine_loop(engine))
         try:
             if not self.ns.skip_server_warmup:
                 await self._warmup()
@@ -288,18 +255,16 @@ class SimServer:
 
     # --- the engine loop ---------------------------------------------------------------------
 
-    async def _engine_loop(self) -> None:
-        from tuner.sim.engine import EngineOOM
-
+    async def _engine_loop(self, engine: Engine) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
-            if not self.engine.has_work():
+            if not engine.has_work():
                 self.work.clear()
                 await self.work.wait()
                 due = loop.time()
             try:
-                step = self.engine.step()
+                step = engine.step()
             except EngineOOM as exc:
                 self.crash = exc
                 self.stop.set()
@@ -323,7 +288,7 @@ class SimServer:
             for ev in step.events:
                 self._deliver(ev, now)
 
-    def _deliver(self, ev: Any, now: float) -> None:
+    def _deliver(self, ev: TokenEvent, now: float) -> None:
         st = self.requests.get(ev.rid)
         if st is None:
             return

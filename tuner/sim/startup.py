@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from tuner import capacity
 from tuner.capacity import GB, GIB
+from tuner.sglang.defaults import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
 from tuner.sim.profile import Profile
 
 EXIT_CHILD_FAILED = 137  # SGLang's parent SIGKILLs its tree when a child dies: 128 + 9
@@ -60,7 +61,7 @@ class Defaults:
 
 def resolve_defaults(ns: argparse.Namespace, profile: Profile) -> Defaults:
     """SGLang's defaults for this GPU (sglang-reference.md section 1)."""
-    d_chunk, d_bs = capacity.default_chunked_prefill_and_graph_bs(profile.gpu_mem_mib, ns.tp_size)
+    d_chunk, d_bs = default_chunked_prefill_and_graph_bs(profile.gpu_mem_mib, ns.tp_size)
     chunk = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else d_chunk
     if ns.cuda_graph_max_bs is not None:
         bs = ns.cuda_graph_max_bs
@@ -70,9 +71,7 @@ def resolve_defaults(ns: argparse.Namespace, profile: Profile) -> Defaults:
         bs = d_bs
     mfs = ns.mem_fraction_static
     if mfs is None:
-        mfs = capacity.default_mem_fraction_static(
-            profile.gpu_mem_mib, ns.tp_size, ns.pp_size, chunk, bs
-        )
+        mfs = default_mem_fraction_static(profile.gpu_mem_mib, ns.tp_size, ns.pp_size, chunk, bs)
     ctx = ns.context_length or profile.context_len()
     return Defaults(mfs, chunk, bs, ctx, ns.served_model_name or ns.model_path)
 
@@ -147,30 +146,55 @@ def plan_memory(
     )
     activation = gm.activation_mib(batch) / 1024
     available = free0 - weights - other - kv - req_to_token - graph
+    verdict = _verdict(free0, weights, other, tokens, kv, req_to_token, available, activation)
     oom_tokens: int | None = None
-    if weights + other > free0:
-        verdict = "weights_oom"
-    elif tokens <= 0:
-        verdict = "not_enough_memory"
-    elif free0 - weights - other - kv - req_to_token < 0:
-        verdict = "kv_oom"
-    elif available < 0:
-        verdict = "graph_oom"
-    elif available < activation:
-        verdict = "band"
+    if verdict == "band":
         spare_mib = available * 1024 - gm.activation_base_mib
         per_token = gm.activation_mib_per_token or 1.0
         oom_tokens = max(1, math.floor(spare_mib / per_token))
-    else:
-        verdict = "ok"
     running = capacity.max_running_requests(max(tokens, 0), ctx, max_running_requests, dp)
     return MemoryPlan(
-        verdict=verdict, mfs=mfs, kv_kind=layout.kind, bytes_per_token=bpt, free0_gib=free0,
-        weights_gib=weights, other_gib=other, max_total_num_tokens=tokens, kv_gib=kv,
-        req_to_token_gib=req_to_token, graph_gib=graph, activation_gib=activation,
-        available_gpu_mem_gib=available, max_running_requests=running,
-        max_req_input_len=min(ctx - 1, tokens - 1) - 5, oom_prefill_tokens=oom_tokens,
-    )  # fmt: skip
+        verdict=verdict,
+        mfs=mfs,
+        kv_kind=layout.kind,
+        bytes_per_token=bpt,
+        free0_gib=free0,
+        weights_gib=weights,
+        other_gib=other,
+        max_total_num_tokens=tokens,
+        kv_gib=kv,
+        req_to_token_gib=req_to_token,
+        graph_gib=graph,
+        activation_gib=activation,
+        available_gpu_mem_gib=available,
+        max_running_requests=running,
+        max_req_input_len=min(ctx - 1, tokens - 1) - 5,
+        oom_prefill_tokens=oom_tokens,
+    )
+
+
+def _verdict(
+    free0: float,
+    weights: float,
+    other: float,
+    tokens: int,
+    kv: float,
+    req_to_token: float,
+    available: float,
+    activation: float,
+) -> str:
+    """The first failure SGLang would hit (module docstring), else `band` or `ok` (GiB)."""
+    if weights + other > free0:
+        return "weights_oom"
+    if tokens <= 0:
+        return "not_enough_memory"
+    if free0 - weights - other - kv - req_to_token < 0:
+        return "kv_oom"
+    if available < 0:
+        return "graph_oom"
+    if available < activation:
+        return "band"
+    return "ok"
 
 
 @dataclass(frozen=True)
@@ -210,9 +234,15 @@ def hicache_plan(
         msg = "AssertionError: The host memory should be larger than the device memory with the current protocol"
         return HiCachePlan(tokens, host_bytes / GB, msg)
     verdict = capacity.hicache_verdict(
-        host_bytes / GB, bpt, plan.max_total_num_tokens, profile.host_available_gb * GB,
-        tp=tp, dp=dp, pp=pp, page_size=page_size,
-    )  # fmt: skip
+        host_bytes / GB,
+        bpt,
+        plan.max_total_num_tokens,
+        profile.host_available_gb * GB,
+        tp=tp,
+        dp=dp,
+        pp=pp,
+        page_size=page_size,
+    )
     if verdict.feasible:
         return HiCachePlan(tokens, host_bytes / GB, None)
     ranks = tp * dp * pp
@@ -287,85 +317,136 @@ def _cuda_oom(tried_gib: float, total_gib: float, free_gib: float) -> str:
     )
 
 
+def _phase(at: float, *texts: str) -> Phase:
+    """Scheduler log lines printed once `at` of the start-up time has passed."""
+    return Phase(at, tuple(LogLine(t) for t in texts))
+
+
 def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
     """The start-up of one command line on one profile: every line, and how it ends."""
     d = resolve_defaults(ns, profile)
-    tp = ns.tp_size
     if ns.enable_hierarchical_cache and ns.disable_radix_cache:
         fail = Failure(0.0, (LogLine(RADIX_HICACHE_MESSAGE, False),), EXIT_MAIN_EXCEPTION)
         return Script((), fail, None, None, d)
     plan = plan_memory(
-        profile, tp=tp, dp=ns.dp_size, mfs=d.mem_fraction_static,
-        chunked_prefill_size=d.chunked_prefill_size, max_prefill_tokens=ns.max_prefill_tokens,
-        cuda_graph_max_bs=d.cuda_graph_max_bs, disable_cuda_graph=ns.disable_cuda_graph,
-        page_size=ns.page_size, kv_cache_dtype=ns.kv_cache_dtype,
-        max_total_tokens=ns.max_total_tokens, max_running_requests=ns.max_running_requests,
+        profile,
+        tp=ns.tp_size,
+        dp=ns.dp_size,
+        mfs=d.mem_fraction_static,
+        chunked_prefill_size=d.chunked_prefill_size,
+        max_prefill_tokens=ns.max_prefill_tokens,
+        cuda_graph_max_bs=d.cuda_graph_max_bs,
+        disable_cuda_graph=ns.disable_cuda_graph,
+        page_size=ns.page_size,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        max_total_tokens=ns.max_total_tokens,
+        max_running_requests=ns.max_running_requests,
         context_len=d.context_len,
-    )  # fmt: skip
+    )
+    phases: list[Phase] = []
+    failure = _load_model(profile, plan, phases) or _capture_graphs(ns, profile, plan, phases)
+    if failure is not None:
+        return Script(tuple(phases), failure, plan, None, d)
+    hc: HiCachePlan | None = None
+    if ns.enable_hierarchical_cache:
+        hc = hicache_plan(
+            profile,
+            plan,
+            hicache_size_gb=ns.hicache_size,
+            hicache_ratio=ns.hicache_ratio,
+            tp=ns.tp_size,
+            dp=ns.dp_size,
+            pp=ns.pp_size,
+            page_size=ns.page_size,
+        )
+        if hc.error:
+            return Script(tuple(phases), _scheduler_crash(0.9, (hc.error,)), plan, hc, d)
+        phases.append(
+            _phase(0.88, f"Allocating {hc.host_gb:.2f} GB host memory for hierarchical KV cache.")
+        )
+    phases.append(
+        _phase(
+            0.9,
+            f"max_total_num_tokens={plan.max_total_num_tokens}, "
+            f"chunked_prefill_size={d.chunked_prefill_size}, "
+            f"max_prefill_tokens={ns.max_prefill_tokens}, "
+            f"max_running_requests={plan.max_running_requests}, "
+            f"context_len={d.context_len}, "
+            f"available_gpu_mem={plan.available_gpu_mem_gib:.2f} GB",
+        )
+    )
+    return Script(tuple(phases), None, plan, hc, d)
+
+
+def _load_model(profile: Profile, plan: MemoryPlan, phases: list[Phase]) -> Failure | None:
+    """Weights, then the KV pool: their log lines, or the failure that ends start-up there."""
     total = profile.gpu_mem_mib / 1024
-    phases = [Phase(0.02, (LogLine(f"Load weight begin. avail mem={plan.free0_gib:.2f} GB"),))]
+    phases.append(_phase(0.02, f"Load weight begin. avail mem={plan.free0_gib:.2f} GB"))
     if plan.verdict == "weights_oom":
         oom = _cuda_oom(plan.weights_gib / 10, total, plan.free0_gib * 0.05)
-        return Script(tuple(phases), _scheduler_crash(0.3, (oom,)), plan, None, d)
-    phases.append(Phase(0.6, (LogLine(
-        f"Load weight end. type={profile.architecture}, dtype={profile.model_dtype()}, "
-        f"avail mem={plan.avail_after_weights_gib:.2f} GB, mem usage={plan.weights_gib:.2f} GB."
-    ),)))  # fmt: skip
+        return _scheduler_crash(0.3, (oom,))
+    phases.append(
+        _phase(
+            0.6,
+            f"Load weight end. type={profile.architecture}, dtype={profile.model_dtype()}, "
+            f"avail mem={plan.avail_after_weights_gib:.2f} GB, "
+            f"mem usage={plan.weights_gib:.2f} GB.",
+        )
+    )
     if plan.verdict == "not_enough_memory":
         exc = (
             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
             f"Current value: self.server_args.mem_fraction_static={plan.mfs}"
         )
-        return Script(tuple(phases), _scheduler_crash(0.62, (exc,)), plan, None, d)
+        return _scheduler_crash(0.62, (exc,))
     if plan.verdict == "kv_oom":
         free = plan.avail_after_weights_gib - plan.other_gib - plan.req_to_token_gib
-        oom = _cuda_oom(plan.kv_gib, total, free)
-        return Script(tuple(phases), _scheduler_crash(0.62, (oom,)), plan, None, d)
+        return _scheduler_crash(0.62, (_cuda_oom(plan.kv_gib, total, free),))
+    pool = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}"
     if plan.kv_kind == "mla":
-        kv_line = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, KV size: {plan.kv_gib:.2f} GB"
+        kv_line = f"{pool}, KV size: {plan.kv_gib:.2f} GB"
     else:
         half = plan.kv_gib / 2
-        kv_line = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, K size: {half:.2f} GB, V size: {half:.2f} GB"
+        kv_line = f"{pool}, K size: {half:.2f} GB, V size: {half:.2f} GB"
     after_pool = plan.avail_after_kv_gib - plan.req_to_token_gib
-    phases.append(
-        Phase(0.65, (LogLine(kv_line), LogLine(f"Memory pool end. avail mem={after_pool:.2f} GB")))
-    )
+    phases.append(_phase(0.65, kv_line, f"Memory pool end. avail mem={after_pool:.2f} GB"))
+    return None
+
+
+def _capture_graphs(
+    ns: argparse.Namespace, profile: Profile, plan: MemoryPlan, phases: list[Phase]
+) -> Failure | None:
+    """CUDA graph capture: its log lines, or the out-of-memory failure of too high an mfs."""
+    total = profile.gpu_mem_mib / 1024
+    after_pool = plan.avail_after_kv_gib - plan.req_to_token_gib
     if not ns.disable_cuda_graph:
-        phases.append(Phase(0.7, (LogLine(
-            "Capture cuda graph begin. This can take up to several minutes. "
-            f"avail mem={after_pool:.2f} GB"
-        ),)))  # fmt: skip
+        phases.append(
+            _phase(
+                0.7,
+                "Capture cuda graph begin. This can take up to several minutes. "
+                f"avail mem={after_pool:.2f} GB",
+            )
+        )
     if plan.verdict == "graph_oom":
         tried = max(plan.graph_gib - after_pool, 0.01) + plan.graph_gib / 4
         exc = (
-            f"Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate {tried:.2f} GiB. "
-            f"GPU 0 has a total capacity of {total:.2f} GiB of which {max(after_pool, 0) * 1024:.2f} MiB is free.",
+            "Exception: Capture cuda graph failed: CUDA out of memory. "
+            f"Tried to allocate {tried:.2f} GiB. GPU 0 has a total capacity of {total:.2f} GiB "
+            f"of which {max(after_pool, 0) * 1024:.2f} MiB is free.",
             *GRAPH_ADVICE,
         )
-        return Script(tuple(phases), _scheduler_crash(0.85, exc), plan, None, d)
+        return _scheduler_crash(0.85, exc)
     if not ns.disable_cuda_graph:
         elapsed = profile.startup_s * 0.2
-        phases.append(Phase(0.85, (LogLine(
-            f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. mem usage={plan.graph_gib:.2f} GB. "
-            f"avail mem={plan.available_gpu_mem_gib:.2f} GB."
-        ),)))  # fmt: skip
-    hc: HiCachePlan | None = None
-    if ns.enable_hierarchical_cache:
-        hc = hicache_plan(
-            profile, plan, hicache_size_gb=ns.hicache_size, hicache_ratio=ns.hicache_ratio,
-            tp=tp, dp=ns.dp_size, pp=ns.pp_size, page_size=ns.page_size,
-        )  # fmt: skip
-        if hc.error:
-            return Script(tuple(phases), _scheduler_crash(0.9, (hc.error,)), plan, hc, d)
-        phases.append(Phase(0.88, (LogLine(
-            f"Allocating {hc.host_gb:.2f} GB host memory for hierarchical KV cache."
-        ),)))  # fmt: skip
-    phases.append(Phase(0.9, (LogLine(
-        f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={d.chunked_prefill_size}, "
-        f"max_prefill_tokens={ns.max_prefill_tokens}, max_running_requests={plan.max_running_requests}, "
-        f"context_len={d.context_len}, available_gpu_mem={plan.available_gpu_mem_gib:.2f} GB"
-    ),)))  # fmt: skip
-    return Script(tuple(phases), None, plan, hc, d)
+        phases.append(
+            _phase(
+                0.85,
+                f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. "
+                f"mem usage={plan.graph_gib:.2f} GB. "
+                f"avail mem={plan.available_gpu_mem_gib:.2f} GB.",
+            )
+        )
+    return None
 
 
 def bind_error_line(host: str, port: int) -> str:

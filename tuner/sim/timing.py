@@ -1,16 +1,20 @@
 """Step times of the simulated server: a memory-bound decode, a compute-bound prefill, PCIe copies.
 
+`StepTimeModel` is the formula; `StepCost` applies it to one engine run, with noise.
+
 The coefficients are the `timing:` section of a simulator profile (SIM-ENGINE owns that schema);
 `StepTimeModel.from_mapping(profile.timing)` parses it. Pure.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.sim.radix import RadixCache
 
 GB = 1e9
 GIB = 2**30
@@ -93,3 +97,41 @@ class StepTimeModel:
     def load_back_s(self, tokens: int) -> float:
         """Seconds to copy `tokens` of KV between host and GPU over PCIe (either direction)."""
         return tokens * self.bytes_per_token / (self.pcie_gbps * GB)
+
+
+class StepCost:
+    """One engine run's step times: the model with run-level noise, step jitter and host writes.
+
+    `rng` is the engine's generator (shared with its random schedule policy, so the draw order
+    is the engine's); the run-level factor is drawn here, once, clipped at 3 sigma.
+    """
+
+    def __init__(self, model: StepTimeModel, rng: random.Random, cache: RadixCache | None):
+        self.model = model
+        self.rng = rng
+        self.cache = cache if cache is not None and cache.hicache else None
+        sigma = model.noise_run_pct / 100
+        self.run_factor = 1.0 + max(-3 * sigma, min(3 * sigma, rng.gauss(0.0, sigma)))
+        self.step_sigma = model.noise_step_pct / 100
+
+    def prefill_s(self, new_tokens: int, attn_pairs: float, load_tokens: int) -> float:
+        """A prefill batch: compute, or the host load-back it waits for when that is longer."""
+        model = self.model
+        return self.noisy(
+            max(model.prefill_s(new_tokens, attn_pairs), model.load_back_s(load_tokens))
+        )
+
+    def decode_s(self, batch: int, kv_tokens: int, cuda_graph: bool) -> float:
+        """One decode step."""
+        return self.noisy(self.model.decode_s(batch, kv_tokens, cuda_graph))
+
+    def noisy(self, seconds: float) -> float:
+        """Apply the run-level factor and a per-step jitter, plus host-write time."""
+        model = self.model
+        if self.cache is not None:
+            background, blocking = self.cache.take_io()
+            seconds += model.load_back_s(blocking)
+            seconds += model.load_back_s(background) * (1 - model.hicache_write_overlap)
+        sigma = self.step_sigma
+        jitter = 1.0 + self.rng.gauss(0.0, sigma) if sigma else 1.0
+        return seconds * self.run_factor * max(0.5, jitter)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tuner.launch import flag_args
 from tuner.metrics import percentile
-from tuner.sim.__main__ import engine_params
+from tuner.sim.bootstrap import engine_params
 from tuner.sim.engine import EngineOOM, RequestTiming, SimRequest, StepTimeModel, run_closed_loop
 from tuner.sim.flags import parse_flags
 from tuner.sim.profile import load_profile
@@ -32,11 +32,18 @@ def score_timings(timings: Sequence[RequestTiming], duration_s: float) -> tuple[
     """(window output throughput, p99 TTFT ms) of a closed-loop run cut at `duration_s`."""
     tokens = sum(1 for t in timings for x in t.token_times_s if x <= duration_s)
     ttfts = sorted(
-        ((t.first_token_s if t.first_token_s is not None and t.first_token_s <= duration_s
-          else duration_s) - t.start_s) * 1000
-        for t in timings if t.start_s < duration_s
-    )  # fmt: skip
+        (_first_token_by(t, duration_s) - t.start_s) * 1000
+        for t in timings
+        if t.start_s < duration_s
+    )
     return tokens / duration_s, percentile(ttfts, 99) if ttfts else 0.0
+
+
+def _first_token_by(t: RequestTiming, duration_s: float) -> float:
+    """When the first token came, or the window's end for a request cut before it."""
+    if t.first_token_s is not None and t.first_token_s <= duration_s:
+        return t.first_token_s
+    return duration_s
 
 
 def virtual_trial(
@@ -53,7 +60,9 @@ def virtual_trial(
     prof = load_profile(profile)
     script = build_script(ns, prof)
     if script.failure is not None or script.plan is None:
-        why = script.failure.lines[-1].text if script.failure and script.failure.lines else "start-up"
+        why = (
+            script.failure.lines[-1].text if script.failure and script.failure.lines else "start-up"
+        )
         return VirtualScore(False, 0.0, 0.0, f"start failed: {why}")
     params = engine_params(ns, script)
     timing = StepTimeModel.from_mapping(prof.timing)
