@@ -10,6 +10,9 @@ Kinds (bench_serving's datasets, sglang-reference.md section 7):
   multi-turn     conversations; turn k+1 = turn k's prompt + placeholder of its output + question
   sharegpt       ShareGPT JSON/JSONL (`conversations: [{from, value}, ...]`)
   jsonl          one object per line: `prompt` (required), `max_tokens` (optional)
+
+What to build is described by the study file's `WorkloadSection` (config.py), which holds every
+default and check; `requests_for` is the one entry point.
 """
 
 from __future__ import annotations
@@ -19,50 +22,14 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from tuner.errors import ConfigError, InputFileError
-
-WorkloadKind = Literal["random", "shared-prefix", "multi-turn", "sharegpt", "jsonl"]
-WORKLOAD_KINDS: tuple[str, ...] = ("random", "shared-prefix", "multi-turn", "sharegpt", "jsonl")
-LengthDist = Literal["uniform", "fixed", "lognormal"]
-LENGTH_DISTS: tuple[str, ...] = ("uniform", "fixed", "lognormal")
-Backend = Literal["sglang", "openai", "openai-chat"]
-BACKENDS: tuple[str, ...] = ("sglang", "openai", "openai-chat")
+from tuner.config import WorkloadSection
+from tuner.errors import InputFileError
 
 # Synthetic ids stay inside every common vocabulary (Llama 128k, Qwen 151k, Mistral 32k) and
 # above the special tokens, so a real SGLang accepts them as `input_ids`.
 _ID_LOW, _ID_HIGH = 1000, 30000
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """What to send. Lengths are in tokens; `num_requests` is the total over all kinds.
-
-    shared-prefix makes `num_groups * prompts_per_group` requests (num_requests is ignored);
-    multi-turn makes ceil(num_requests / turns) conversations of `turns` turns; the first turn's
-    prompt has `input_len` tokens, each later question `question_len` tokens.
-    """
-
-    kind: WorkloadKind = "random"
-    num_requests: int = 1000
-    seed: int = 0
-    input_len: int = 1024
-    output_len: int = 1024
-    range_ratio: float = 0.0
-    length_dist: LengthDist = "uniform"
-    lognormal_sigma: float = 0.5
-    num_groups: int = 64
-    prompts_per_group: int = 16
-    prefix_len: int = 2048
-    question_len: int = 128
-    turns: int = 4
-    shuffle: bool = True
-    dataset_path: str | None = None
-    dataset_output_len: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_spec(self)
 
 
 @dataclass(frozen=True)
@@ -89,53 +56,38 @@ class Request:
         return " ".join([f"w{t}" for t in self.token_ids or ()])
 
 
-def _check_spec(s: WorkloadSpec) -> None:
-    def bad(key: str, msg: str) -> ConfigError:
-        return ConfigError(msg, key=f"workload.{key}")
+def requests_for(w: WorkloadSection, *, num_requests: int) -> list[Request]:
+    """The request list `w` describes; the same section (seed included) gives the same list.
 
-    if s.kind not in WORKLOAD_KINDS:
-        raise bad("kind", f"unknown kind {s.kind!r}; expected one of {', '.join(WORKLOAD_KINDS)}")
-    if s.length_dist not in LENGTH_DISTS:
-        raise bad("length_dist", f"{s.length_dist!r} is not one of {', '.join(LENGTH_DISTS)}")
-    for key in ("num_requests", "input_len", "output_len", "num_groups", "prompts_per_group"):
-        if int(getattr(s, key)) < 1:
-            raise bad(key, f"must be >= 1 (got {getattr(s, key)})")
-    for key in ("prefix_len", "question_len"):
-        if int(getattr(s, key)) < 0:
-            raise bad(key, f"must be >= 0 (got {getattr(s, key)})")
-    if s.turns < 1:
-        raise bad("turns", f"must be >= 1 (got {s.turns})")
-    if not 0.0 <= s.range_ratio <= 1.0:
-        raise bad("range_ratio", f"must be in [0, 1] (got {s.range_ratio})")
-    if s.dataset_output_len is not None and s.dataset_output_len < 1:
-        raise bad("dataset_output_len", f"must be >= 1 (got {s.dataset_output_len})")
-    if s.kind in ("sharegpt", "jsonl") and not s.dataset_path:
-        raise bad("dataset_path", f"kind {s.kind!r} needs a dataset file")
-
-
-def build_requests(spec: WorkloadSpec) -> list[Request]:
-    """Build the request list for `spec`; the same spec (seed included) gives the same list."""
-    rng = random.Random(spec.seed)
-    if spec.kind == "random":
-        return _random(spec, rng)
-    if spec.kind == "shared-prefix":
-        return _shared_prefix(spec, rng)
-    if spec.kind == "multi-turn":
-        return _multi_turn(spec, rng)
-    if spec.kind == "sharegpt":
-        return _sharegpt(spec, rng)
-    return _jsonl(spec, rng)
+    `num_requests` is how many to build when `w.num_requests` is None (a duration-bounded run:
+    enough to stay busy for the whole window). shared-prefix builds `num_groups *
+    prompts_per_group` requests whatever the count; multi-turn builds ceil(count / turns)
+    conversations of `turns` turns; datasets give at most the count.
+    """
+    if num_requests < 1:
+        raise ValueError(f"num_requests must be >= 1 (got {num_requests})")
+    n = w.num_requests or num_requests
+    rng = random.Random(w.seed)
+    if w.kind == "random":
+        return _random(w, n, rng)
+    if w.kind == "shared-prefix":
+        return _shared_prefix(w, rng)
+    if w.kind == "multi-turn":
+        return _multi_turn(w, n, rng)
+    if w.kind == "sharegpt":
+        return _sharegpt(w, n, rng)
+    return _jsonl(w, n, rng)
 
 
-def sample_length(rng: random.Random, length: int, spec: WorkloadSpec) -> int:
-    """One length around `length` per the spec's distribution (bench_serving's random rule)."""
-    if spec.length_dist == "fixed":
+def sample_length(rng: random.Random, length: int, w: WorkloadSection) -> int:
+    """One length around `length` per `w`'s distribution (bench_serving's random rule)."""
+    if w.length_dist == "fixed":
         return length
-    if spec.length_dist == "lognormal":
+    if w.length_dist == "lognormal":
         # median `length`; clipped so one outlier cannot blow the context window
-        value = length * math.exp(rng.gauss(0.0, spec.lognormal_sigma))
+        value = length * math.exp(rng.gauss(0.0, w.lognormal_sigma))
         return max(1, min(4 * length, round(value)))
-    low = max(int(length * spec.range_ratio), 1)
+    low = max(int(length * w.range_ratio), 1)
     return rng.randint(low, length)
 
 
@@ -143,43 +95,43 @@ def _ids(rng: random.Random, n: int) -> tuple[int, ...]:
     return tuple(rng.randrange(_ID_LOW, _ID_HIGH) for _ in range(n))
 
 
-def _random(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+def _random(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]:
     out = []
-    for i in range(spec.num_requests):
-        n_in = sample_length(rng, spec.input_len, spec)
-        n_out = sample_length(rng, spec.output_len, spec)
+    for i in range(n):
+        n_in = sample_length(rng, w.input_len, w)
+        n_out = sample_length(rng, w.output_len, w)
         out.append(Request(i, n_in, n_out, token_ids=_ids(rng, n_in)))
     return out
 
 
-def _shared_prefix(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
+def _shared_prefix(w: WorkloadSection, rng: random.Random) -> list[Request]:
     pairs: list[tuple[int, tuple[int, ...]]] = []
-    for g in range(spec.num_groups):
-        prefix = _ids(rng, spec.prefix_len)
-        for _ in range(spec.prompts_per_group):
-            pairs.append((g, prefix + _ids(rng, spec.question_len)))
-    if spec.shuffle:
+    for g in range(w.num_groups):
+        prefix = _ids(rng, w.prefix_len)
+        for _ in range(w.prompts_per_group):
+            pairs.append((g, prefix + _ids(rng, w.question_len)))
+    if w.shuffle:
         # interleaved groups are the case where a small pool evicts prefixes (HiCache matters)
         rng.shuffle(pairs)
     return [
-        Request(i, len(ids), spec.output_len, token_ids=ids, group=g)
+        Request(i, len(ids), w.output_len, token_ids=ids, group=g)
         for i, (g, ids) in enumerate(pairs)
     ]
 
 
-def _multi_turn(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
-    n_conv = math.ceil(spec.num_requests / spec.turns)
+def _multi_turn(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]:
+    n_conv = math.ceil(n / w.turns)
     per_conv: list[list[Request]] = []
     idx = 0
     for c in range(n_conv):
-        history = _ids(rng, sample_length(rng, spec.input_len, spec))
+        history = _ids(rng, sample_length(rng, w.input_len, w))
         turns = []
-        for t in range(spec.turns):
+        for t in range(w.turns):
             if t > 0:
                 prev = turns[-1]
                 # the real output is unknown when the list is built: a placeholder of its length
-                history = history + _ids(rng, prev.output_len) + _ids(rng, spec.question_len)
-            n_out = sample_length(rng, spec.output_len, spec)
+                history = history + _ids(rng, prev.output_len) + _ids(rng, w.question_len)
+            n_out = sample_length(rng, w.output_len, w)
             turns.append(
                 Request(idx, len(history), n_out, token_ids=history, conversation=c, turn=t)
             )
@@ -187,7 +139,7 @@ def _multi_turn(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
         per_conv.append(turns)
     # round-robin order: conversation c's turn t comes after every conversation's turn t-1,
     # so a plain in-order sender never waits on its own previous turn
-    ordered = [conv[t] for t in range(spec.turns) for conv in per_conv]
+    ordered = [conv[t] for t in range(w.turns) for conv in per_conv]
     return [
         Request(
             i,
@@ -242,15 +194,17 @@ def _bad(path: str, line: int | None, recno: int, message: str) -> InputFileErro
     return InputFileError(path, message, line=line)
 
 
-def _finish(spec: WorkloadSpec, rng: random.Random, items: list[tuple[str, int]]) -> list[Request]:
-    if spec.shuffle:
+def _finish(
+    w: WorkloadSection, n: int, rng: random.Random, items: list[tuple[str, int]]
+) -> list[Request]:
+    if w.shuffle:
         rng.shuffle(items)
-    items = items[: spec.num_requests]
+    items = items[:n]
     return [Request(i, _words(t), n_out, text=t) for i, (t, n_out) in enumerate(items)]
 
 
-def _sharegpt(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
-    path = str(spec.dataset_path)
+def _sharegpt(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]:
+    path = str(w.dataset)
     items: list[tuple[str, int]] = []
     for recno, (line, rec) in enumerate(_read_records(path), start=1):
         conv = rec.get("conversations") if isinstance(rec, dict) else None
@@ -268,25 +222,25 @@ def _sharegpt(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
         # as bench_serving: first turn is the prompt, second the reference completion
         if len(turns) < 2 or not turns[0].strip():
             continue
-        n_out = spec.dataset_output_len or _words(turns[1])
+        n_out = w.dataset_output_len or _words(turns[1])
         if n_out < 1:
             continue
         items.append((turns[0], n_out))
     if not items:
         raise InputFileError(path, "no conversation with a prompt and a reply")
-    return _finish(spec, rng, items)
+    return _finish(w, n, rng, items)
 
 
-def _jsonl(spec: WorkloadSpec, rng: random.Random) -> list[Request]:
-    path = str(spec.dataset_path)
+def _jsonl(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]:
+    path = str(w.dataset)
     items: list[tuple[str, int]] = []
     for recno, (line, rec) in enumerate(_read_records(path), start=1):
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
             raise _bad(path, line, recno, "record lacks a string 'prompt'")
-        n_out = rec.get("max_tokens", spec.dataset_output_len or spec.output_len)
+        n_out = rec.get("max_tokens", w.dataset_output_len or w.output_len)
         if isinstance(n_out, bool) or not isinstance(n_out, int) or n_out < 1:
             raise _bad(
                 path, line, recno, f"'max_tokens' must be a positive integer (got {n_out!r})"
             )
-        items.append((rec["prompt"], spec.dataset_output_len or n_out))
-    return _finish(spec, rng, items)
+        items.append((rec["prompt"], w.dataset_output_len or n_out))
+    return _finish(w, n, rng, items)

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.simproc import sim_server
+from tuner.config import WorkloadSection
+from tuner.loadgen import LoadResult, load_options, run_load_sync
+from tuner.workload import requests_for
+
+#: test_loadgen_fake.py runs as a script: a zero-cost streaming server that prints its port
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
-sys.path.insert(0, str(INTEGRATION))
-
-from simproc import sim_server  # noqa: E402
-
-from tuner.loadgen import LoadOptions, LoadResult, run_load_sync  # noqa: E402
-from tuner.workload import WorkloadSpec, build_requests  # noqa: E402
 
 pytestmark = pytest.mark.bench
 
@@ -48,17 +48,25 @@ def fake_server() -> Iterator[str]:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        proc.stdout.close()  # an unclosed pipe is a ResourceWarning, and warnings are errors
 
 
 def _run(url: str, concurrency: int, n: int, out_len: int, backend: str = "sglang") -> LoadResult:
-    spec = WorkloadSpec(num_requests=n, input_len=64, output_len=out_len, range_ratio=1.0, seed=1)
-    opts = LoadOptions(
+    # closed loop over all n requests, no flush: the client's own ceiling
+    w = WorkloadSection(
         backend=backend,
-        concurrency=concurrency,
+        num_requests=n,
+        duration_s=None,
+        input_len=64,
+        output_len=out_len,
+        range_ratio=1.0,
         warmup_requests=concurrency,
-        metrics_interval_s=1.0,
+        flush_cache=False,
+        max_error_rate=0.1,
+        seed=1,
     )
-    return run_load_sync(url, build_requests(spec), opts)
+    opts = load_options(w, concurrency=concurrency)
+    return run_load_sync(url, requests_for(w, num_requests=n), opts)
 
 
 def _line(label: str, res: LoadResult) -> str:

@@ -147,7 +147,7 @@ def test_unreachable_url_exit_1_one_line() -> None:
 
 @pytest.mark.slow
 def test_bench_against_the_simulator(tmp_path: Path) -> None:
-    from simproc import sim_server
+    from tests.helpers.simproc import sim_server
 
     out = tmp_path / "sim.json"
     with sim_server("--sim-profile", "llama-3.1-8b-h100", "--enable-metrics") as sim:

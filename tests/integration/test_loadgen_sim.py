@@ -7,12 +7,15 @@ says it generated.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import pytest
-from simproc import SimProc, sim_server
 
-from tuner.loadgen import LoadOptions, run_load_sync
-from tuner.workload import WorkloadSpec, build_requests
+from tests.helpers.simproc import SimProc, sim_server
+from tuner.config import WorkloadSection
+from tuner.loadgen import LoadOptions, load_options, run_load_sync
+from tuner.workload import Request, requests_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +28,23 @@ def sim() -> Iterator[SimProc]:
         yield s
 
 
-def _opts(**kw) -> LoadOptions:
-    return LoadOptions(**{"concurrency": 16, "metrics_interval_s": 0.2, **kw})
+def _opts(concurrency: int = 16, flush_pause_s: float = 1.0, **workload: Any) -> LoadOptions:
+    """Options from a workload section (`workload`: its keys) plus the client's own knobs."""
+    # no flush unless asked; a generous duration only so that a hang fails instead of blocking
+    base = {"duration_s": 120, "flush_cache": False, "max_error_rate": 0.1}
+    w = WorkloadSection(**{**base, **workload})
+    opts = load_options(w, concurrency=concurrency)
+    return replace(opts, metrics_interval_s=0.2, flush_pause_s=flush_pause_s)
+
+
+def _reqs(n: int, **workload: Any) -> list[Request]:
+    # lengths uniform in [1, L] unless the test says otherwise (bench_serving's random rule)
+    return requests_for(WorkloadSection(**{"range_ratio": 0.0, **workload}), num_requests=n)
 
 
 @pytest.mark.parametrize("backend", ["sglang", "openai", "openai-chat"])
 def test_client_tokens_equal_server_generation_delta(sim: SimProc, backend: str) -> None:
-    reqs = build_requests(WorkloadSpec(num_requests=48, input_len=200, output_len=48, seed=2))
+    reqs = _reqs(48, input_len=200, output_len=48, seed=2)
     res = run_load_sync(sim.url, reqs, _opts(backend=backend))
     m = res.metrics()
     assert res.stopped == "done" and m.completed == 48 and m.errors == 0
@@ -48,7 +61,7 @@ def test_client_tokens_equal_server_generation_delta(sim: SimProc, backend: str)
 
 
 def test_shared_prefix_hits_the_server_cache_random_does_not(sim: SimProc) -> None:
-    shared = WorkloadSpec(
+    shared = WorkloadSection(
         kind="shared-prefix",
         num_groups=4,
         prompts_per_group=8,
@@ -57,20 +70,20 @@ def test_shared_prefix_hits_the_server_cache_random_does_not(sim: SimProc) -> No
         output_len=8,
         seed=3,
     )
-    res = run_load_sync(sim.url, build_requests(shared), _opts(flush_cache=True, flush_pause_s=0.1))
+    reqs = requests_for(shared, num_requests=32)
+    res = run_load_sync(sim.url, reqs, _opts(flush_cache=True, flush_pause_s=0.1))
     assert res.metrics().completed == 32
     hit_shared = res.server.cache_hit_rate
-    rand = WorkloadSpec(num_requests=32, input_len=420, output_len=8, range_ratio=1.0, seed=4)
-    res = run_load_sync(sim.url, build_requests(rand), _opts(flush_cache=True, flush_pause_s=0.1))
+    rand = _reqs(32, input_len=420, output_len=8, range_ratio=1.0, seed=4)
+    res = run_load_sync(sim.url, rand, _opts(flush_cache=True, flush_pause_s=0.1))
     hit_random = res.server.cache_hit_rate
     # 28 of 32 prompts find their 400-token prefix cached: ~0.8 of prompt tokens
     assert hit_shared > 0.5 > 0.1 > hit_random
 
 
 def test_multi_turn_history_is_cached_by_the_server(sim: SimProc) -> None:
-    spec = WorkloadSpec(
+    spec = WorkloadSection(
         kind="multi-turn",
-        num_requests=24,
         turns=3,
         input_len=200,
         output_len=16,
@@ -78,7 +91,8 @@ def test_multi_turn_history_is_cached_by_the_server(sim: SimProc) -> None:
         range_ratio=1.0,
         seed=5,
     )
-    res = run_load_sync(sim.url, build_requests(spec), _opts(flush_cache=True, flush_pause_s=0.1))
+    reqs = requests_for(spec, num_requests=24)
+    res = run_load_sync(sim.url, reqs, _opts(flush_cache=True, flush_pause_s=0.1))
     m = res.metrics()
     assert m.completed == 24 and m.errors == 0
     # later turns resend earlier prompts: part of their prompt is a cache hit
@@ -86,7 +100,7 @@ def test_multi_turn_history_is_cached_by_the_server(sim: SimProc) -> None:
 
 
 def test_duration_bounded_run_tracks_the_server(sim: SimProc) -> None:
-    reqs = build_requests(WorkloadSpec(num_requests=2000, input_len=100, output_len=64, seed=6))
+    reqs = _reqs(2000, input_len=100, output_len=64, seed=6)
     res = run_load_sync(sim.url, reqs, _opts(duration_s=2.0, concurrency=32, warmup_requests=0))
     m = res.metrics()
     assert res.stopped == "duration" and 1.9 < res.duration_s < 3.0

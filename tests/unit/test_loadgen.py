@@ -1,18 +1,25 @@
-"""Pure parts of the load client: option validation, payloads, per-chunk timing bookkeeping."""
+"""Pure parts of the load client: options from the workload section, payloads, chunk timing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
+from tuner.config import WorkloadSection, parse_study
 from tuner.errors import ConfigError
-from tuner.loadgen import LoadOptions, _Client, _State
+from tuner.loadgen import LoadOptions, load_options
+from tuner.loadgen.client import Client, RequestState
 from tuner.workload import Request
 
 
+def _opts(**workload: object) -> LoadOptions:
+    return load_options(WorkloadSection(**workload), concurrency=1)
+
+
 def test_first_chunk_sets_ttft_later_gaps_split_per_token() -> None:
-    st = _State()
+    st = RequestState()
     st.advance(0, 10.5, 10.0)  # an empty chunk (role-only delta) changes nothing
     assert st.ttft is None and st.tokens == 0
     st.advance(2, 10.5, 10.0)  # first chunk carries two tokens: TTFT only
@@ -25,7 +32,7 @@ def test_first_chunk_sets_ttft_later_gaps_split_per_token() -> None:
 
 def test_native_payload_sends_ids_openai_sends_words() -> None:
     ids = Request(0, 3, 5, token_ids=(1001, 1002, 1003))
-    native = _Client(None, "http://h:1/", LoadOptions()).payload(ids)  # type: ignore[arg-type]
+    native = Client(None, "http://h:1/", _opts()).payload(ids)  # type: ignore[arg-type]
     assert native["input_ids"] == [1001, 1002, 1003] and "text" not in native
     assert native["sampling_params"] == {
         "max_new_tokens": 5,
@@ -34,38 +41,86 @@ def test_native_payload_sends_ids_openai_sends_words() -> None:
     }
     assert native["stream"] is True
     text = Request(1, 2, 4, text="hello world")
-    assert _Client(None, "http://h:1", LoadOptions()).payload(text)["text"] == "hello world"  # type: ignore[arg-type]
-    oa = _Client(None, "http://h:1", LoadOptions(backend="openai")).payload(ids)  # type: ignore[arg-type]
+    assert Client(None, "http://h:1", _opts()).payload(text)["text"] == "hello world"  # type: ignore[arg-type]
+    oa = Client(None, "http://h:1", _opts(backend="openai")).payload(ids)  # type: ignore[arg-type]
     assert oa["prompt"] == "w1001 w1002 w1003" and oa["max_tokens"] == 5
     assert oa["stream_options"] == {"include_usage": True}
-    chat = _Client(None, "http://h:1", LoadOptions(backend="openai-chat")).payload(text)  # type: ignore[arg-type]
+    chat = Client(None, "http://h:1", _opts(backend="openai-chat")).payload(text)  # type: ignore[arg-type]
     assert chat["messages"] == [{"role": "user", "content": "hello world"}]
 
 
 def test_api_key_header_and_hidden_repr() -> None:
-    opts = LoadOptions(api_key="topsecret")
+    opts = load_options(WorkloadSection(), concurrency=1, api_key="topsecret")
     assert "topsecret" not in repr(opts) and "topsecret" not in str(opts)
-    assert _Client(None, "http://h", opts).headers == {"Authorization": "Bearer topsecret"}  # type: ignore[arg-type]
-    assert _Client(None, "http://h", LoadOptions()).headers == {}  # type: ignore[arg-type]
+    assert Client(None, "http://h", opts).headers == {"Authorization": "Bearer topsecret"}  # type: ignore[arg-type]
+    assert Client(None, "http://h", _opts()).headers == {}  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("kwargs", "key"),
     [
         ({"backend": "vllm"}, "workload.backend"),
-        ({"concurrency": 0}, "workload.concurrency"),
         ({"request_rate": 0.0}, "workload.request_rate"),
         ({"duration_s": -1.0}, "workload.duration_s"),
         ({"num_requests": 0}, "workload.num_requests"),
-        ({"error_budget": 2.0}, "workload.error_budget"),
+        ({"max_error_rate": 2.0}, "workload.max_error_rate"),
         ({"request_timeout_s": 0.0}, "workload.request_timeout_s"),
     ],
 )
 def test_bad_options_are_config_errors(kwargs: dict, key: str) -> None:
+    # the user-facing checks are the study file's (config.WorkloadSection), naming its keys
+    study = {
+        "study": "s",
+        "server": {"model-path": "m"},
+        "space": {"mem-fraction-static": {"low": 0.5, "high": 0.9}},
+        "workload": kwargs,
+    }
     with pytest.raises(ConfigError, match=key):
-        LoadOptions(**kwargs)
+        parse_study(study)
+
+
+def test_a_bad_run_value_is_a_bug_not_a_user_error() -> None:
+    # concurrency and a searched request rate come from the caller, already checked
+    with pytest.raises(ValueError, match="concurrency"):
+        load_options(WorkloadSection(), concurrency=0)
+    with pytest.raises(ValueError, match="request_rate"):
+        load_options(WorkloadSection(), concurrency=1, request_rate=0.0)
 
 
 def test_defaults_are_closed_loop() -> None:
-    opts = LoadOptions()
+    opts = _opts()
     assert math.isinf(opts.request_rate) and opts.stream and opts.warmup_requests == 1
+
+
+def test_options_follow_the_workload_and_a_trial_rate_overrides() -> None:
+    w = WorkloadSection(
+        backend="openai",
+        duration_s=30,
+        num_requests=99,
+        warmup_requests=3,
+        flush_cache=False,
+        request_rate=5.0,
+        request_timeout_s=7,
+        max_error_rate=0.2,
+        stream=False,
+        seed=4,
+        model="m",
+    )
+    opts = load_options(w, concurrency=8, api_key="k", max_loop_lag_ms=250)
+    assert (opts.backend, opts.concurrency, opts.request_rate, opts.duration_s) == (
+        "openai",
+        8,
+        5.0,
+        30,
+    )
+    assert (opts.num_requests, opts.warmup_requests, opts.flush_cache) == (99, 3, False)
+    assert (opts.request_timeout_s, opts.max_error_rate, opts.stream) == (7, 0.2, False)
+    assert (opts.seed, opts.model, opts.api_key, opts.max_loop_lag_ms) == (4, "m", "k", 250)
+    assert load_options(w, concurrency=8, request_rate=9.5).request_rate == 9.5
+
+
+def test_workload_keys_have_one_default_the_sections() -> None:
+    # a LoadOptions field named like a workload key is copied from it, never defaulted here
+    shared = [f for f in dataclasses.fields(LoadOptions) if f.name in WorkloadSection.model_fields]
+    assert len(shared) >= 10
+    assert [f.name for f in shared if f.default is not dataclasses.MISSING] == []

@@ -7,15 +7,21 @@ from pathlib import Path
 
 import pytest
 
+from tuner.config import WorkloadSection, parse_study
 from tuner.errors import ConfigError, InputFileError
-from tuner.workload import Request, WorkloadSpec, build_requests
+from tuner.workload import Request, requests_for
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
+def _build(w: WorkloadSection) -> list[Request]:
+    """The requests of `w`, 1000 of them when it sets no count (bench_serving's default)."""
+    return requests_for(w, num_requests=1000)
+
+
 def test_random_lengths_follow_bench_serving_rule() -> None:
-    spec = WorkloadSpec(num_requests=500, input_len=100, output_len=40, range_ratio=0.5, seed=1)
-    reqs = build_requests(spec)
+    spec = WorkloadSection(num_requests=500, input_len=100, output_len=40, range_ratio=0.5, seed=1)
+    reqs = _build(spec)
     assert len(reqs) == 500
     assert all(50 <= r.prompt_len <= 100 for r in reqs)
     assert all(20 <= r.output_len <= 40 for r in reqs)
@@ -25,19 +31,19 @@ def test_random_lengths_follow_bench_serving_rule() -> None:
 
 
 def test_ratio_zero_goes_down_to_one_and_fixed_is_fixed() -> None:
-    reqs = build_requests(WorkloadSpec(num_requests=400, input_len=4, output_len=4, seed=2))
-    assert {r.prompt_len for r in reqs} == {1, 2, 3, 4}
-    fixed = build_requests(
-        WorkloadSpec(num_requests=50, input_len=7, output_len=3, range_ratio=1.0)
+    reqs = _build(
+        WorkloadSection(num_requests=400, input_len=4, output_len=4, range_ratio=0.0, seed=2)
     )
+    assert {r.prompt_len for r in reqs} == {1, 2, 3, 4}
+    fixed = _build(WorkloadSection(num_requests=50, input_len=7, output_len=3, range_ratio=1.0))
     assert {(r.prompt_len, r.output_len) for r in fixed} == {(7, 3)}
-    also = build_requests(WorkloadSpec(num_requests=50, input_len=7, length_dist="fixed"))
+    also = _build(WorkloadSection(num_requests=50, input_len=7, length_dist="fixed"))
     assert {r.prompt_len for r in also} == {7}
 
 
 def test_lognormal_lengths_are_clipped_and_centred() -> None:
-    reqs = build_requests(
-        WorkloadSpec(num_requests=2000, input_len=100, output_len=10, length_dist="lognormal")
+    reqs = _build(
+        WorkloadSection(num_requests=2000, input_len=100, output_len=10, length_dist="lognormal")
     )
     lens = sorted(r.prompt_len for r in reqs)
     assert lens[0] >= 1 and lens[-1] <= 400
@@ -46,7 +52,7 @@ def test_lognormal_lengths_are_clipped_and_centred() -> None:
 
 @pytest.mark.parametrize("kind", ["random", "shared-prefix", "multi-turn"])
 def test_same_seed_same_requests_other_seed_differs(kind: str) -> None:
-    spec = WorkloadSpec(
+    spec = WorkloadSection(
         kind=kind,
         num_requests=12,
         input_len=20,
@@ -58,13 +64,13 @@ def test_same_seed_same_requests_other_seed_differs(kind: str) -> None:
         turns=3,
         seed=7,
     )
-    assert build_requests(spec) == build_requests(spec)
-    other = WorkloadSpec(**{**spec.__dict__, "seed": 8})
-    assert build_requests(other) != build_requests(spec)
+    assert _build(spec) == _build(spec)
+    other = spec.model_copy(update={"seed": 8})
+    assert _build(other) != _build(spec)
 
 
 def test_shared_prefix_groups_share_exactly_the_prefix() -> None:
-    spec = WorkloadSpec(
+    spec = WorkloadSection(
         kind="shared-prefix",
         num_groups=5,
         prompts_per_group=6,
@@ -73,7 +79,7 @@ def test_shared_prefix_groups_share_exactly_the_prefix() -> None:
         output_len=9,
         seed=3,
     )
-    reqs = build_requests(spec)
+    reqs = _build(spec)
     assert len(reqs) == 30 and [r.index for r in reqs] == list(range(30))
     assert all(r.prompt_len == 37 and r.output_len == 9 for r in reqs)
     groups: dict[int, list[Request]] = {}
@@ -88,7 +94,7 @@ def test_shared_prefix_groups_share_exactly_the_prefix() -> None:
 
 
 def test_shared_prefix_bench_serving_defaults() -> None:
-    spec = WorkloadSpec(kind="shared-prefix")
+    spec = WorkloadSection(kind="shared-prefix")
     assert (spec.num_groups, spec.prompts_per_group, spec.prefix_len, spec.question_len) == (
         64,
         16,
@@ -98,7 +104,7 @@ def test_shared_prefix_bench_serving_defaults() -> None:
 
 
 def test_multi_turn_history_grows_by_output_and_question() -> None:
-    spec = WorkloadSpec(
+    spec = WorkloadSection(
         kind="multi-turn",
         num_requests=9,
         turns=3,
@@ -108,7 +114,7 @@ def test_multi_turn_history_grows_by_output_and_question() -> None:
         range_ratio=1.0,
         seed=5,
     )
-    reqs = build_requests(spec)
+    reqs = _build(spec)
     assert len(reqs) == 9 and [r.index for r in reqs] == list(range(9))
     # round-robin: all first turns, then all second turns
     assert [r.turn for r in reqs] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -121,16 +127,16 @@ def test_multi_turn_history_grows_by_output_and_question() -> None:
 
 
 def test_prompt_text_is_one_word_per_token() -> None:
-    r = build_requests(WorkloadSpec(num_requests=1, input_len=12, range_ratio=1.0))[0]
+    r = _build(WorkloadSection(num_requests=1, input_len=12, range_ratio=1.0))[0]
     words = r.prompt_text().split()
     assert len(words) == 12 and all(w.startswith("w") for w in words)
 
 
 def test_sharegpt_json_and_jsonl() -> None:
-    reqs = build_requests(
-        WorkloadSpec(
+    reqs = _build(
+        WorkloadSection(
             kind="sharegpt",
-            dataset_path=str(DATA / "sharegpt_sample.json"),
+            dataset=str(DATA / "sharegpt_sample.json"),
             num_requests=10,
             shuffle=False,
         )
@@ -143,27 +149,27 @@ def test_sharegpt_json_and_jsonl() -> None:
     ]
     assert [r.output_len for r in reqs] == [6, 13, 16]
     assert [r.prompt_len for r in reqs] == [6, 7, 6]
-    lines = build_requests(
-        WorkloadSpec(
+    lines = _build(
+        WorkloadSection(
             kind="sharegpt",
             num_requests=1,
             seed=4,
-            dataset_path=str(DATA / "sharegpt_sample.jsonl"),
+            dataset=str(DATA / "sharegpt_sample.jsonl"),
         )
     )
     assert len(lines) == 1 and lines[0].text in ("hello there friend", "count to five")
-    fixed = build_requests(
-        WorkloadSpec(
-            kind="sharegpt", dataset_output_len=32, dataset_path=str(DATA / "sharegpt_sample.json")
+    fixed = _build(
+        WorkloadSection(
+            kind="sharegpt", dataset_output_len=32, dataset=str(DATA / "sharegpt_sample.json")
         )
     )
     assert {r.output_len for r in fixed} == {32}
 
 
 def test_jsonl_prompts_default_max_tokens() -> None:
-    reqs = build_requests(
-        WorkloadSpec(
-            kind="jsonl", dataset_path=str(DATA / "prompts.jsonl"), output_len=77, shuffle=False
+    reqs = _build(
+        WorkloadSection(
+            kind="jsonl", dataset=str(DATA / "prompts.jsonl"), output_len=77, shuffle=False
         )
     )
     assert [(r.text, r.output_len) for r in reqs] == [
@@ -184,7 +190,7 @@ def test_jsonl_prompts_default_max_tokens() -> None:
 )
 def test_malformed_files_name_file_and_line(name: str, kind: str, match: str) -> None:
     with pytest.raises(InputFileError, match=match) as info:
-        build_requests(WorkloadSpec(kind=kind, dataset_path=str(DATA / name)))
+        _build(WorkloadSection(kind=kind, dataset=str(DATA / name)))
     assert "\n" not in str(info.value)
 
 
@@ -192,7 +198,7 @@ def test_bad_json_array_names_record(tmp_path: Path) -> None:
     f = tmp_path / "d.json"
     f.write_text('[{"conversations": [{"from": "human", "value": "x"}, {"value": "y"}]}]')
     with pytest.raises(InputFileError, match=r"d\.json: record 1: a turn lacks 'from'"):
-        build_requests(WorkloadSpec(kind="sharegpt", dataset_path=str(f)))
+        _build(WorkloadSection(kind="sharegpt", dataset=str(f)))
 
 
 @pytest.mark.parametrize(
@@ -201,10 +207,28 @@ def test_bad_json_array_names_record(tmp_path: Path) -> None:
         ({"kind": "zipf"}, "workload.kind"),
         ({"input_len": 0}, "workload.input_len"),
         ({"range_ratio": 1.5}, "workload.range_ratio"),
-        ({"kind": "jsonl"}, "workload.dataset_path"),
+        ({"kind": "jsonl"}, "workload.dataset"),
         ({"turns": 0}, "workload.turns"),
+        ({"length_dist": "zipf"}, "workload.length_dist"),
+        ({"dataset_output_len": 0}, "workload.dataset_output_len"),
     ],
 )
 def test_bad_spec_is_a_config_error(kwargs: dict, key: str) -> None:
+    # the checks are the study file's (config.WorkloadSection), naming its keys
+    study = {
+        "study": "s",
+        "server": {"model-path": "m"},
+        "space": {"mem-fraction-static": {"low": 0.5, "high": 0.9}},
+        "workload": kwargs,
+    }
     with pytest.raises(ConfigError, match=key):
-        WorkloadSpec(**kwargs)
+        parse_study(study)
+
+
+def test_the_count_is_the_sections_else_the_callers() -> None:
+    w = WorkloadSection(input_len=4, output_len=4)
+    assert len(requests_for(w, num_requests=30)) == 30
+    assert len(requests_for(w.model_copy(update={"num_requests": 7}), num_requests=30)) == 7
+    # shared-prefix: groups x prompts, whatever the count
+    sp = WorkloadSection(kind="shared-prefix", num_groups=2, prompts_per_group=3, prefix_len=4)
+    assert len(requests_for(sp, num_requests=30)) == 6

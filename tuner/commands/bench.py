@@ -11,10 +11,52 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, get_args
 
+from pydantic import ValidationError
+
+from tuner.config import WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable
-from tuner.workload import BACKENDS, WORKLOAD_KINDS
+
+if TYPE_CHECKING:
+    from tuner.loadgen import LoadOptions
+    from tuner.workload import Request
+
+#: bench_serving's --num-prompts default, when neither a count nor a duration is given
+_DEFAULT_NUM_REQUESTS = 1000
+
+#: WorkloadSection key -> the flag that sets it (others: `--` + the key with dashes)
+_FLAG_OF = {
+    "kind": "--workload",
+    "dataset": "--dataset",
+    "duration_s": "--duration",
+    "request_timeout_s": "--request-timeout",
+    "stream": "--no-stream",
+}
+
+#: flags whose value is a WorkloadSection key of the same name (unset: the section's default)
+_SAME_NAME = (
+    "backend",
+    "input_len",
+    "output_len",
+    "range_ratio",
+    "num_groups",
+    "prompts_per_group",
+    "prefix_len",
+    "question_len",
+    "turns",
+    "warmup_requests",
+    "seed",
+    "model",
+)
+
+
+def _choices(key: str) -> tuple[str, ...]:
+    return get_args(WorkloadSection.model_fields[key].annotation)
+
+
+def _default(key: str) -> str:
+    return f"(default {WorkloadSection.model_fields[key].default})"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,37 +65,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, required=True, help="closed-loop concurrency")
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--duration", type=float, help="stop after S seconds (cancels in-flight)")
-    bound.add_argument("--num-requests", type=int, help="send N requests (default 1000)")
-    p.add_argument("--backend", choices=BACKENDS, default="sglang")
-    p.add_argument("--workload", choices=WORKLOAD_KINDS, default="random")
+    bound.add_argument(
+        "--num-requests", type=int, help=f"send N requests (default {_DEFAULT_NUM_REQUESTS})"
+    )
+    # an unset flag takes the study file's default (config.WorkloadSection); the defaults
+    # given here are where bench_serving's conventions differ from a study's
+    p.add_argument("--backend", choices=_choices("backend"), help=_default("backend"))
+    p.add_argument("--workload", choices=_choices("kind"), help=_default("kind"))
     p.add_argument("--dataset", help="ShareGPT JSON/JSONL or prompts JSONL file")
-    p.add_argument("--input-len", type=int, default=1024)
-    p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L*r, L]")
-    p.add_argument("--num-groups", type=int, default=64)
-    p.add_argument("--prompts-per-group", type=int, default=16)
-    p.add_argument("--prefix-len", type=int, default=2048)
-    p.add_argument("--question-len", type=int, default=128)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--request-rate", type=float, default=math.inf, help="Poisson rate (req/s)")
-    p.add_argument("--warmup-requests", type=int, default=1)
+    for key in ("input_len", "output_len"):
+        p.add_argument("--" + key.replace("_", "-"), type=int, help=_default(key))
+    # bench_serving's random lengths go down to 1 (a study's are exact by default)
+    p.add_argument(
+        "--range-ratio", type=float, default=0.0, help="lengths uniform in [L*r, L] (default 0)"
+    )
+    for key in ("num_groups", "prompts_per_group", "prefix_len", "question_len", "turns"):
+        p.add_argument("--" + key.replace("_", "-"), type=int, help=_default(key))
+    p.add_argument("--request-rate", type=float, help="Poisson rate (req/s); default closed loop")
+    p.add_argument("--warmup-requests", type=int, help=_default("warmup_requests"))
+    # bench_serving flushes only when asked (a study flushes before every run by default)
     p.add_argument("--flush-cache", action="store_true", help="POST /flush_cache before the run")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument(
+        "--request-timeout", type=float, help="seconds per request " + _default("request_timeout_s")
+    )
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key")
     p.add_argument("--model", help="model name for OpenAI endpoints (default: /v1/models)")
     p.add_argument("--no-stream", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help=_default("seed"))
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
 
-def _specs(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Command-line values -> (WorkloadSpec, LoadOptions); bad values raise ConfigError."""
+def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], LoadOptions]:
+    """Command-line values -> (workload, requests, options); bad values raise ConfigError."""
+    from tuner.loadgen import load_options
+    from tuner.workload import requests_for
+
     if not args.url.startswith(("http://", "https://")):
         raise ConfigError(f"{args.url!r} is not an http(s) URL", key="--url")
-    if args.workload in ("sharegpt", "jsonl") and not args.dataset:
-        raise ConfigError(f"--workload {args.workload} needs --dataset FILE", key="--dataset")
+    if args.concurrency < 1:
+        # not a workload key: in a study, concurrency is a searched parameter
+        raise ConfigError(f"must be >= 1 (got {args.concurrency})", key="--concurrency")
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -63,68 +116,46 @@ def _specs(args: argparse.Namespace) -> tuple[Any, Any]:
             )
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ConfigError(f"directory of {args.json} does not exist", key="--json")
-    try:
-        return _build(args, api_key)
-    except ConfigError as exc:
-        # name the command-line flag, not the study-file key the dataclasses use
-        field = (exc.key or "").rsplit(".", 1)[-1]
-        flag = _FLAG_OF.get(field, "--" + field.replace("_", "-"))
-        raise ConfigError(exc.detail, key=flag) from None
+    w = _workload(args)
+    # a duration-bounded run needs enough requests to stay busy for the whole window
+    pool = max(_DEFAULT_NUM_REQUESTS, 20 * args.concurrency)
+    options = load_options(w, concurrency=args.concurrency, api_key=api_key)
+    return w, requests_for(w, num_requests=pool), options
 
 
-_FLAG_OF = {
-    "kind": "--workload",
-    "dataset_path": "--dataset",
-    "duration_s": "--duration",
-    "request_timeout_s": "--request-timeout",
-}
-
-
-def _build(args: argparse.Namespace, api_key: str | None) -> tuple[Any, Any]:
-    from tuner.loadgen import LoadOptions
-    from tuner.workload import WorkloadSpec
-
-    n = args.num_requests
-    if n is None:
-        # a duration-bounded run needs enough requests to stay busy for the whole window
-        n = max(1000, 20 * args.concurrency) if args.duration else 1000
-    spec = WorkloadSpec(
+def _workload(args: argparse.Namespace) -> WorkloadSection:
+    """The flags as a WorkloadSection: its checks apply, their errors name the flag."""
+    values: dict[str, Any] = {k: getattr(args, k) for k in _SAME_NAME}
+    values.update(
         kind=args.workload,
-        num_requests=n,
-        seed=args.seed,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        range_ratio=args.range_ratio,
-        num_groups=args.num_groups,
-        prompts_per_group=args.prompts_per_group,
-        prefix_len=args.prefix_len,
-        question_len=args.question_len,
-        turns=args.turns,
-        dataset_path=args.dataset,
-    )
-    options = LoadOptions(
-        backend=args.backend,
-        concurrency=args.concurrency,
+        dataset=args.dataset,
         request_rate=args.request_rate,
-        duration_s=args.duration,
-        num_requests=args.num_requests,
-        warmup_requests=args.warmup_requests,
-        flush_cache=args.flush_cache,
         request_timeout_s=args.request_timeout,
-        stream=not args.no_stream,
-        seed=args.seed,
-        model=args.model,
-        api_key=api_key,
     )
-    return spec, options
+    num_requests = args.num_requests
+    if num_requests is None and args.duration is None:
+        num_requests = _DEFAULT_NUM_REQUESTS
+    try:
+        return WorkloadSection(
+            **{k: v for k, v in values.items() if v is not None},
+            # as bench_serving, a run is bounded by time only when asked (--duration)
+            num_requests=num_requests,
+            duration_s=args.duration,
+            flush_cache=args.flush_cache,
+            stream=not args.no_stream,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "kind"
+        flag = _FLAG_OF.get(field, "--" + field.replace("_", "-"))
+        # the message is WorkloadSection's own; only the key becomes the flag
+        raise ConfigError(err["msg"].removeprefix("Value error, "), key=flag) from None
 
 
 def run(args: argparse.Namespace) -> int:
     from tuner.loadgen import run_load_sync
-    from tuner.workload import build_requests
 
-    spec, options = _specs(args)
-    requests = build_requests(spec)
+    w, requests, options = _plan(args)
     if args.no_progress:
         result = run_load_sync(args.url, requests, options)
     else:
@@ -138,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         raise HostUnreachable(f"cannot reach {args.url}: every request failed to connect")
     out: dict[str, Any] = {
         "backend": options.backend,
-        "workload": spec.kind,
+        "workload": w.kind,
         "max_concurrency": options.concurrency,
         "request_rate": None if math.isinf(options.request_rate) else options.request_rate,
         **result.summary(),

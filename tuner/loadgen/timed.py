@@ -1,0 +1,181 @@
+"""The timed part of a load run: dispatch (closed loop or Poisson), stop conditions, bookkeeping.
+
+Closed loop at `concurrency` (N workers = bench_serving's semaphore; a request's clock starts
+when it holds its slot), optionally fed by seeded Poisson arrivals at `request_rate`. The run
+ends when every request ended, at `duration_s` (in-flight requests are cancelled and recorded
+as cut), or when errors exceed the budget. The server's /metrics is sampled meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tuner.loadgen.client import Client, RequestState, make_record, send_one
+from tuner.loadgen.monitor import LagMonitor, self_check
+from tuner.loadgen.options import LoadOptions
+from tuner.loadgen.result import LoadResult
+from tuner.metrics import RequestRecord, Samples, server_view
+from tuner.workload import Request
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+
+def _chains(planned: Sequence[Request]) -> tuple[list[Request], dict[int, Request]]:
+    """(requests sendable at once, index -> the next turn it unlocks) for multi-turn lists."""
+    successor: dict[int, Request] = {}
+    last_of: dict[int, Request] = {}
+    first: list[Request] = []
+    for r in sorted(planned, key=lambda r: (r.turn, r.index)):
+        prev = last_of.get(r.conversation) if r.conversation is not None else None
+        if prev is None:
+            first.append(r)
+        else:
+            successor[prev.index] = r
+        if r.conversation is not None:
+            last_of[r.conversation] = r
+    first.sort(key=lambda r: r.index)
+    return first, successor
+
+
+class TimedRun:
+    """One timed run of `requests` per `options`; `run()` returns its LoadResult."""
+
+    def __init__(
+        self,
+        client: Client,
+        requests: Sequence[Request],
+        options: LoadOptions,
+        progress: Progress | None,
+    ):
+        self.client = client
+        self.opt = options
+        limit = min(len(requests), options.num_requests or len(requests))
+        self.planned = list(requests[:limit])
+        first, self.successor = _chains(self.planned)
+        self.ready: asyncio.Queue[Request | None] = asyncio.Queue()
+        for r in first:
+            self.ready.put_nowait(r)
+        self.records: list[RequestRecord] = []
+        self.inflight: dict[asyncio.Task[RequestRecord], tuple[Request, RequestState]] = {}
+        self.gated: set[asyncio.Task[None]] = set()
+        self.outstanding = len(self.planned)
+        self.errors = 0
+        self.finished = asyncio.Event()
+        self.stopped = "done"
+        self.progress = progress
+        self.task_id = progress.add_task("load", total=limit) if progress is not None else None
+        self.t0 = 0.0
+
+    def _record(self, rec: RequestRecord, req: Request) -> None:
+        self.records.append(rec)
+        self.outstanding -= 1
+        if self.progress is not None and self.task_id is not None:
+            self.progress.advance(self.task_id)
+        if not rec.ok:
+            self.errors += 1
+            ended = len(self.records)
+            if self.errors > self.opt.max_error_rate * max(ended, 20):
+                self._stop("error_budget")
+        nxt = self.successor.get(req.index)
+        if nxt is not None:
+            self.ready.put_nowait(nxt)
+        if self.outstanding <= 0:
+            self._stop("done")
+
+    def _stop(self, why: str) -> None:
+        if not self.finished.is_set():
+            self.stopped = why
+            self.finished.set()
+
+    async def _send(self, req: Request) -> None:
+        st = RequestState()
+        task = asyncio.create_task(send_one(self.client, req, self.t0, st))
+        self.inflight[task] = (req, st)
+        # shielded: when the run stops, the request stays in `inflight` to be recorded as cut
+        rec = await asyncio.shield(task)
+        del self.inflight[task]
+        self._record(rec, req)
+
+    async def _worker(self) -> None:
+        while not self.finished.is_set():
+            req = await self.ready.get()
+            if req is None:
+                return
+            await self._send(req)
+
+    async def _poisson(self) -> None:
+        rng = random.Random(self.opt.seed)
+        sem = asyncio.Semaphore(self.opt.concurrency)
+
+        async def gated(req: Request) -> None:
+            async with sem:
+                if not self.finished.is_set():
+                    await self._send(req)
+
+        while not self.finished.is_set():
+            req = await self.ready.get()
+            if req is None:
+                return
+            t = asyncio.create_task(gated(req))
+            self.gated.add(t)
+            t.add_done_callback(self.gated.discard)
+            await asyncio.sleep(rng.expovariate(self.opt.request_rate))
+
+    async def _sampler(self, during: list[Samples]) -> None:
+        while True:
+            await asyncio.sleep(self.opt.metrics_interval_s)
+            s = await self.client.scrape()
+            if s is not None:
+                during.append(s)
+
+    async def run(self) -> LoadResult:
+        """Dispatch until a stop condition, then cut what is in flight and sum up."""
+        opt = self.opt
+        before = await self.client.scrape() if opt.metrics_interval_s > 0 else None
+        during: list[Samples] = []
+        lag = LagMonitor()
+        lag.start()
+        cpu0 = time.process_time()
+        self.t0 = time.perf_counter()
+        if math.isinf(opt.request_rate):
+            drivers = [asyncio.create_task(self._worker()) for _ in range(opt.concurrency)]
+        else:
+            drivers = [asyncio.create_task(self._poisson())]
+        if before is not None:
+            drivers.append(asyncio.create_task(self._sampler(during)))
+        try:
+            await asyncio.wait_for(self.finished.wait(), timeout=opt.duration_s)
+        except TimeoutError:
+            self._stop("duration")
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu0
+        await self._cut([*drivers, *self.gated])
+        await lag.stop()
+        after = await self.client.scrape() if before is not None else None
+        wall = end - self.t0
+        limit = getattr(self.client.session.connector, "limit", 0)
+        return LoadResult(
+            records=tuple(sorted(self.records, key=lambda r: r.start_s)),
+            duration_s=wall,
+            self_check=self_check(opt, lag.lags, cpu, wall, limit),
+            server=server_view(before, after, during, wall) if before and after else None,
+            stopped=self.stopped,
+        )
+
+    async def _cut(self, drivers: list[asyncio.Task[None]]) -> None:
+        """Stop the drivers; record the requests still in flight as cut, with what they got."""
+        for d in drivers:
+            d.cancel()
+        await asyncio.gather(*drivers, return_exceptions=True)
+        cut = list(self.inflight.items())
+        for task, _ in cut:
+            task.cancel()
+        await asyncio.gather(*(t for t, _ in cut), return_exceptions=True)
+        for _, (req, st) in cut:
+            self.records.append(make_record(req, st, self.t0, "cancelled", cancelled=True))
