@@ -10,10 +10,27 @@ from pathlib import Path
 import pytest
 
 KIMI = [
-    "--model-config", "kimi-k2.5", "--tp", "8", "--gpu-mem-mib", "97887",
-    "--observed-tokens", "116171", "--observed-mfs", "0.85", "--mfs", "0.95",
-    "--hicache-size", "300", "--host-ram-gb", "449", "--avg-len", "4000", "--avg-len", "2000",
-]  # fmt: skip
+    "--model-config",
+    "kimi-k2.5",
+    "--tp",
+    "8",
+    "--gpu-mem-mib",
+    "97887",
+    "--observed-tokens",
+    "116171",
+    "--observed-mfs",
+    "0.85",
+    "--mfs",
+    "0.95",
+    "--hicache-size",
+    "300",
+    "--host-ram-gb",
+    "449",
+    "--avg-len",
+    "4000",
+    "--avg-len",
+    "2000",
+]
 
 
 def tuner(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, assert_group_gone, assert_groups_reaped, free_port
 
+from tests.helpers.net import free_port
+from tests.helpers.sshd import Sshd, assert_group_gone, assert_groups_reaped
 from tuner.errors import CommandTimeout, HostTrustError, HostUnreachable
 from tuner.hosts import Host, SSHHost
 from tuner.launch import LaunchSpec

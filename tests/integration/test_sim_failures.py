@@ -12,7 +12,9 @@ import time
 import urllib.request
 
 import pytest
-from simproc import SimProc, free_port, sim_server
+
+from tests.helpers.net import free_port
+from tests.helpers.simproc import SimProc, sim_server
 
 pytestmark = pytest.mark.slow
 

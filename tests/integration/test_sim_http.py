@@ -12,7 +12,8 @@ import json
 import aiohttp
 import openai
 import pytest
-from simproc import sim_server
+
+from tests.helpers.simproc import sim_server
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +69,17 @@ def test_server_info(sim, path):
     status, text = call("GET", sim.url + path)
     info = json.loads(text)
     assert status == 200 and info["status"] == "ready" and info["version"] == "0.5.6.post2"
-    for key in ("mem_fraction_static", "chunked_prefill_size", "cuda_graph_max_bs", "page_size", "tp_size",
-                "hicache_ratio", "hicache_size", "served_model_name", "max_req_input_len"):  # fmt: skip
+    for key in (
+        "mem_fraction_static",
+        "chunked_prefill_size",
+        "cuda_graph_max_bs",
+        "page_size",
+        "tp_size",
+        "hicache_ratio",
+        "hicache_size",
+        "served_model_name",
+        "max_req_input_len",
+    ):
         assert key in info, key
     assert info["mem_fraction_static"] == 0.835 and info["served_model_name"] == "sim-llama"
     assert info["max_total_num_tokens"] > 100_000
@@ -107,8 +117,11 @@ def test_generate_non_stream(sim):
 
 
 def test_generate_stream_is_cumulative(sim):
-    body = {"input_ids": list(range(5000, 5040)), "stream": True,
-            "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "input_ids": list(range(5000, 5040)),
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 20, "ignore_eos": True},
+    }
     events = sse(sim.url + "/generate", body)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -146,8 +159,14 @@ def test_context_length_errors(sim):
 
 
 def test_completions_stream_and_usage(sim):
-    body = {"model": "sim-llama", "prompt": PROMPT, "max_tokens": 10, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "sim-llama",
+        "prompt": PROMPT,
+        "max_tokens": 10,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     events = sse(sim.url + "/v1/completions", body)
     assert events[-1] == "[DONE]"
     usage = events[-2]
@@ -164,8 +183,13 @@ def test_completions_stream_and_usage(sim):
 
 
 def test_chat_stream_shape(sim):
-    body = {"model": "sim-llama", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 6,
-            "stream": True, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "sim-llama",
+        "messages": [{"role": "user", "content": "hi there"}],
+        "max_tokens": 6,
+        "stream": True,
+        "ignore_eos": True,
+    }
     events = sse(sim.url + "/v1/chat/completions", body)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -198,9 +222,13 @@ def test_openai_client(sim):
             and len(chat.choices[0].message.content.split()) == 4
         )
         stream = client.chat.completions.create(
-            model="sim-llama", messages=[{"role": "user", "content": "hello"}], max_tokens=7, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        )  # fmt: skip
+            model="sim-llama",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         parts, usage = [], None
         for chunk in stream:
             if chunk.usage:
@@ -235,9 +263,20 @@ def test_metrics(sim):
     status, text = call("GET", sim.url + "/metrics")
     assert status == 200
     label = 'model_name="sim-llama"'
-    for name in ("num_running_reqs", "num_used_tokens", "token_usage", "num_queue_reqs", "gen_throughput",
-                 "cache_hit_rate", "max_total_num_tokens", "num_retracted_reqs", "prompt_tokens_total",
-                 "generation_tokens_total", "cached_tokens_total", "num_requests_total"):  # fmt: skip
+    for name in (
+        "num_running_reqs",
+        "num_used_tokens",
+        "token_usage",
+        "num_queue_reqs",
+        "gen_throughput",
+        "cache_hit_rate",
+        "max_total_num_tokens",
+        "num_retracted_reqs",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "cached_tokens_total",
+        "num_requests_total",
+    ):
         assert f"sglang:{name}{{{label}}}" in text, name
     for hist in (
         "time_to_first_token_seconds",
@@ -286,8 +325,16 @@ def test_max_queued_requests_gives_503():
 
 
 def test_kimi_done_criterion():
-    flags = ("--sim-profile", "kimi-k2.5-tp8", "--model-path", "moonshotai/Kimi-K2.5", "--tp-size", "8",
-             "--mem-fraction-static", "0.85")  # fmt: skip
+    flags = (
+        "--sim-profile",
+        "kimi-k2.5-tp8",
+        "--model-path",
+        "moonshotai/Kimi-K2.5",
+        "--tp-size",
+        "8",
+        "--mem-fraction-static",
+        "0.85",
+    )
     with sim_server(*flags) as sim:
         info = json.loads(call("GET", sim.url + "/get_server_info")[1])
         assert info["max_total_num_tokens"] == 116_171 and info["tp_size"] == 8

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from simproc import sim_server
 
-from tuner.sim.__main__ import engine_params
+from tests.helpers.simproc import sim_server
+from tuner.sim.bootstrap import engine_params
 from tuner.sim.engine import SimRequest, StepTimeModel, run_closed_loop
 from tuner.sim.flags import parse_flags
 from tuner.sim.profile import load_profile
@@ -161,9 +161,13 @@ def test_http_path_agrees_with_virtual_time():
     profile = load_profile(ns.sim_profile)
     script = build_script(ns, profile)
     virtual = run_closed_loop(
-        engine_params(ns, script), StepTimeModel.from_mapping(profile.timing), script.plan.bytes_per_token,
-        [SimRequest(tuple(ids), n) for ids, n in reqs], concurrency=8, seed=5,
-    )  # fmt: skip
+        engine_params(ns, script),
+        StepTimeModel.from_mapping(profile.timing),
+        script.plan.bytes_per_token,
+        [SimRequest(tuple(ids), n) for ids, n in reqs],
+        concurrency=8,
+        seed=5,
+    )
     v_dur = max(r.end_s for r in virtual)
     v_tput = sum(r.completion_tokens for r in virtual) / v_dur
     v_e2e = sum(r.end_s - r.start_s for r in virtual) / len(virtual)

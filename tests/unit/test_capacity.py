@@ -6,7 +6,9 @@ import pytest
 
 from tuner import capacity as cap
 from tuner.capacity_analysis import CapacityInputs, analyze
+from tuner.errors import ModelConfigError
 from tuner.modelcfg import load_model_config
+from tuner.sglang.defaults import default_mem_fraction_static
 
 KIMI_GPU_MIB = 97887
 
@@ -35,13 +37,18 @@ def test_kv_dtype_fp8_halves_bytes() -> None:
 
 
 def test_head_dim_field_wins_over_hidden_over_heads() -> None:
-    cfg = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "hidden_size": 1024, "head_dim": 256}  # fmt: skip
+    cfg = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 1024,
+        "head_dim": 256,
+    }
     assert cap.kv_layout(cfg, 1).bytes_per_token == 2 * 256 * 2 * 2 * 2
 
 
 def test_missing_field_is_named() -> None:
-    with pytest.raises(cap.ModelConfigError, match="num_hidden_layers"):
+    with pytest.raises(ModelConfigError, match="num_hidden_layers"):
         cap.kv_layout({"hidden_size": 10}, 1)
 
 
@@ -50,7 +57,7 @@ def test_missing_field_is_named() -> None:
     [(81_559, 1, 0.835), (81_559, 8, 0.818), (143_771, 1, 0.907), (143_771, 8, 0.897)],
 )
 def test_default_mem_fraction_static(gpu_mib: int, tp: int, expected: float) -> None:
-    assert cap.default_mem_fraction_static(gpu_mib, tp) == expected
+    assert default_mem_fraction_static(gpu_mib, tp) == expected
 
 
 def test_pool_formula_and_page_rounding() -> None:
@@ -74,10 +81,18 @@ def test_calibration_is_affine_not_proportional() -> None:
 
 def _kimi(**kw) -> dict:
     inputs = dict(
-        model_config=load_model_config("kimi-k2.5"), tp=8, gpu_mem_mib=KIMI_GPU_MIB,
-        observed_tokens=116_171, observed_mfs=0.85, observed_kv_gb=14.8, mfs=(0.95,),
-        hicache_sizes_gb=(300,), host_ram_gb=449, avg_lens=(4000, 2000), naive=True,
-    )  # fmt: skip
+        model_config=load_model_config("kimi-k2.5"),
+        tp=8,
+        gpu_mem_mib=KIMI_GPU_MIB,
+        observed_tokens=116_171,
+        observed_mfs=0.85,
+        observed_kv_gb=14.8,
+        mfs=(0.95,),
+        hicache_sizes_gb=(300,),
+        host_ram_gb=449,
+        avg_lens=(4000, 2000),
+        naive=True,
+    )
     inputs.update(kw)
     return analyze(CapacityInputs(**inputs))
 

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.lifecycle import (
-    FAILURE_CLASSES,
-    classify_failure,
-    explain_failure,
-    mismatches,
-    values_match,
-)
+from tuner.server_info import mismatches, values_match
+from tuner.sglang.failures import FailureClass, explain_failure
 
 P = "[2026-01-12 10:00:00 TP0] "
 SIGQUIT = "[2026-01-12 10:00:01] Received sigquit from a child process. It usually means the child failed."
@@ -115,8 +110,8 @@ CASES = [
     ("expected", "code", "tail"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 )
 def test_classifies_sglang_messages(expected: str, code: int | None, tail: list[str]) -> None:
-    assert expected in FAILURE_CLASSES
-    assert classify_failure(code, tail) == expected
+    assert expected in list(FailureClass)
+    assert explain_failure(code, tail)[0] == expected
     cls, reason = explain_failure(code, tail)
     assert cls == expected
     assert "\n" not in reason
@@ -132,14 +127,15 @@ def test_reason_is_the_telling_line() -> None:
 def test_bare_cuda_oom_is_placed_by_start_up_phase() -> None:
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."
     assert (
-        classify_failure(137, ["Loading safetensors checkpoint shards", oom]) == "not_enough_memory"
+        explain_failure(137, ["Loading safetensors checkpoint shards", oom])[0]
+        == "not_enough_memory"
     )
     weights = P + "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=64.15 GB"
-    assert classify_failure(137, [weights, oom]) == "oom_cuda_graph"  # the KV pool did not fit
+    assert explain_failure(137, [weights, oom])[0] == "oom_cuda_graph"  # the KV pool did not fit
     kv = P + "KV Cache is allocated. #tokens: 450000, K size: 27.47 GB, V size: 27.47 GB"
-    assert classify_failure(137, [kv, oom]) == "oom_cuda_graph"
+    assert explain_failure(137, [kv, oom])[0] == "oom_cuda_graph"
     ready = P + "The server is fired up and ready to roll!"
-    assert classify_failure(137, [kv, ready, oom]) == "oom_runtime"
+    assert explain_failure(137, [kv, ready, oom])[0] == "oom_runtime"
 
 
 def test_crash_reason_names_the_exit_code_and_last_line() -> None:

@@ -27,10 +27,15 @@ def test_float_step_range_is_snapped_for_optuna() -> None:
 
 
 def test_conditional_param_sampled_only_when_active() -> None:
-    c = cfg({
-        "hicache-size": {"choices": [0, 40]},
-        "hicache-write-policy": {"choices": ["write_through", "write_back"], "when": {"hicache-size": {"gt": 0}}},
-    })  # fmt: skip
+    c = cfg(
+        {
+            "hicache-size": {"choices": [0, 40]},
+            "hicache-write-policy": {
+                "choices": ["write_through", "write_back"],
+                "when": {"hicache-size": {"gt": 0}},
+            },
+        }
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     seen = []
     for _ in range(20):
@@ -103,10 +108,16 @@ def test_precheck_graph_failure_applies_only_to_same_memory_flags() -> None:
 def test_launch_quotes_and_renders_like_sglang() -> None:
     spec = build_launch(
         ["python", "-m", "sglang.launch_server"],
-        {"model-path": "x; touch /tmp/owned", "enable-metrics": True, "disable-radix-cache": False,
-         "api-key": "s3cret", "cuda-graph-bs": [1, 2, 4]},
-        30123, {"HF_HOME": "/a b"},
-    )  # fmt: skip
+        {
+            "model-path": "x; touch /tmp/owned",
+            "enable-metrics": True,
+            "disable-radix-cache": False,
+            "api-key": "s3cret",
+            "cuda-graph-bs": [1, 2, 4],
+        },
+        30123,
+        {"HF_HOME": "/a b"},
+    )
     cmd = spec.shell_command()
     assert "'x; touch /tmp/owned'" in cmd and "HF_HOME='/a b'" in cmd
     assert "--disable-radix-cache" not in cmd and "--cuda-graph-bs 1 2 4" in cmd
@@ -121,14 +132,19 @@ def test_launch_quotes_and_renders_like_sglang() -> None:
 def test_trial_zero_defaults_to_sglangs_own_defaults() -> None:
     from tuner.space import sglang_defaults
 
-    c = cfg({
-        "mem-fraction-static": {"low": 0.8, "high": 0.95, "step": 0.01},
-        "hicache-size": {"low": 0, "high": 50, "step": 10},
-        "chunked-prefill-size": {"choices": [4096, 8192, 16384]},
-        "cuda-graph-max-bs": {"choices": [64, 128]},  # SGLang's 256 is outside: left to the sampler
-        "schedule-policy": {"choices": ["lpm", "fcfs"]},
-        "concurrency": {"low": 8, "high": 256},
-    }, server={"model-path": "m", "tensor-parallel-size": 1})  # fmt: skip
+    c = cfg(
+        {
+            "mem-fraction-static": {"low": 0.8, "high": 0.95, "step": 0.01},
+            "hicache-size": {"low": 0, "high": 50, "step": 10},
+            "chunked-prefill-size": {"choices": [4096, 8192, 16384]},
+            "cuda-graph-max-bs": {
+                "choices": [64, 128]
+            },  # SGLang's 256 is outside: left to the sampler
+            "schedule-policy": {"choices": ["lpm", "fcfs"]},
+            "concurrency": {"low": 8, "high": 256},
+        },
+        server={"model-path": "m", "tensor-parallel-size": 1},
+    )
     d = sglang_defaults(c, 81_559)  # H100: SGLang computes mfs 0.835, chunk 8192, graph bs 256
     assert abs(d.pop("mem-fraction-static") - 0.835) <= 0.005 + 1e-9  # on the 0.01 grid
     assert d == {"hicache-size": 0, "chunked-prefill-size": 8192, "schedule-policy": "fcfs"}

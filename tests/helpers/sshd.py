@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers.net import free_port
 from tuner.hosts import LocalHost, SSHHost, SSHOptions
 
 SSHD = "/usr/sbin/sshd"
@@ -59,13 +60,6 @@ class Sshd:
             reconnect_attempts=3,
         )
         return replace(base, **over)  # type: ignore[arg-type]
-
-
-def free_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1 (bind port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require_sshd() -> None:
@@ -136,13 +130,14 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         )
         subprocess.run([SSHD, "-t", "-f", str(d / "sshd_config")], check=True)
         log = d / "sshd.log"
-        proc = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
-            stdin=subprocess.DEVNULL,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             _wait_listening(port, proc, log, 10.0)
             break

@@ -1,6 +1,6 @@
 """Run `tuner sim` as a real subprocess for tests (import this module from your tests).
 
-    from simproc import SimProc, free_port, sim_server   # tests/integration is on sys.path
+    from tests.helpers.simproc import SimProc, sim_server
 
     with sim_server("--sim-profile", "llama-3.1-8b-h100") as sim:   # waits for /health 200
         requests go to sim.url; sim.log() is everything it printed so far
@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,10 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from tests.helpers.net import free_port
+
 #: default start-up time for tests: long enough to see /health 503, short enough to be cheap
 FAST_STARTUP = "0.3"
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1 (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SimProc:

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd import free_port
+
+from tests.helpers.net import free_port
 
 
 def _bin(name: str) -> str | None:
@@ -51,24 +52,26 @@ def postgres_url() -> Iterator[str]:
     data.mkdir()
     shutil.chown(root, "postgres")
     shutil.chown(data, "postgres")
-    subprocess.run(
-        ["runuser", "-u", "postgres", "--", initdb, "-D", str(data), "-A", "trust", "-U", "postgres"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    initdb_argv = [*as_postgres, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"]
+    subprocess.run(initdb_argv, check=True, capture_output=True)
     port = free_port()
     log = root / "postgres.log"
+    server_argv = [*as_postgres, server, "-D", str(data), "-p", str(port), "-k", str(root)]
+    server_argv += ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            ["runuser", "-u", "postgres", "--", server, "-D", str(data), "-p", str(port),
-             "-k", str(root), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            server_argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         _wait_ready(port, proc, log)
-        subprocess.run(
-            [_bin("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "tuner"],
-            check=True, capture_output=True,
-        )  # fmt: skip
+        createdb = _bin("createdb") or "createdb"
+        createdb_argv = [createdb, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "tuner"]
+        subprocess.run(createdb_argv, check=True, capture_output=True)
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/tuner"
     finally:
         with contextlib.suppress(ProcessLookupError):
