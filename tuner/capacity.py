@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.errors import ModelConfigError
+
 MIB = 2**20
 GIB = 2**30
 GB = 10**9
@@ -30,10 +32,6 @@ KV_DTYPE_BYTES = {
 }
 KV_DTYPES = ("auto", *KV_DTYPE_BYTES)
 _MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "bf16": 2, "fp16": 2}
-
-
-class ModelConfigError(ValueError):
-    """A model config lacks a field the calculus needs (the message names the field)."""
 
 
 @dataclass(frozen=True)
@@ -101,40 +99,6 @@ def kv_layout(config: Mapping[str, Any], tp: int = 1, kv_dtype: str = "auto") ->
         f" x {layers} layers x 2 (K,V) x {dbytes:g} B"
     )
     return KVLayout("mha", layers, dbytes, bpt, detail)
-
-
-# --- SGLang's defaults by GPU size (server_args.py) ---------------------------------------
-
-
-def default_chunked_prefill_and_graph_bs(gpu_mem_mib: float, tp: int = 1) -> tuple[int, int]:
-    """`(chunked_prefill_size, cuda_graph_max_bs)` SGLang picks for this GPU size and TP."""
-    small_tp = tp < 4
-    if gpu_mem_mib < 20 * 1024:
-        return 2048, 8
-    if gpu_mem_mib < 35 * 1024:
-        return 2048, 24 if small_tp else 80
-    if gpu_mem_mib < 60 * 1024:
-        return 4096, 32 if small_tp else 160
-    if gpu_mem_mib < 160 * 1024:
-        return 8192, 256 if small_tp else 512
-    return 16384, 512
-
-
-def default_mem_fraction_static(
-    gpu_mem_mib: float,
-    tp: int = 1,
-    pp: int = 1,
-    chunked_prefill_size: int | None = None,
-    cuda_graph_max_bs: int | None = None,
-) -> float:
-    """SGLang's (>= 0.5.3) default `--mem-fraction-static` for the smallest GPU's memory."""
-    d_chunk, d_bs = default_chunked_prefill_and_graph_bs(gpu_mem_mib, tp)
-    chunk = d_chunk if chunked_prefill_size is None else chunked_prefill_size
-    bs = d_bs if cuda_graph_max_bs is None else cuda_graph_max_bs
-    reserved = 512 + max(chunk, 2048) * 1.5 + bs * 2 + tp * pp / 8 * 1024
-    if gpu_mem_mib > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
 # --- the KV pool ------------------------------------------------------------------------
@@ -230,26 +194,38 @@ def hicache_verdict(
         return HiCacheVerdict(size_gb_per_rank, ranks, 0, 0.0, True, "HiCache off")
     if host_tokens <= device_tokens:
         return HiCacheVerdict(
-            size_gb_per_rank, ranks, host_tokens, total_gb, False,
+            size_gb_per_rank,
+            ranks,
+            host_tokens,
+            total_gb,
+            False,
             f"host pool of {host_tokens:,} tokens is not larger than the device pool of "
             f"{device_tokens:,} tokens (SGLang: AssertionError 'The host memory should be larger "
             "than the device memory')",
-        )  # fmt: skip
+        )
     if host_ram_bytes is not None:
         budget = host_ram_bytes - HICACHE_HOST_RESERVE_BYTES
         if per_rank_bytes > budget:
             return HiCacheVerdict(
-                size_gb_per_rank, ranks, host_tokens, total_gb, False,
+                size_gb_per_rank,
+                ranks,
+                host_tokens,
+                total_gb,
+                False,
                 f"{size_gb_per_rank:g} GB per rank exceeds host RAM {host_ram_bytes / GB:.0f} GB "
                 "less SGLang's 10 GiB reserve (ValueError 'Not enough host memory available')",
-            )  # fmt: skip
+            )
         if total_gb * GB > budget:
             return HiCacheVerdict(
-                size_gb_per_rank, ranks, host_tokens, total_gb, False,
+                size_gb_per_rank,
+                ranks,
+                host_tokens,
+                total_gb,
+                False,
                 f"{ranks} ranks x {size_gb_per_rank:g} GB = {total_gb:,.0f} GB of pinned host RAM; "
                 f"the host has {host_ram_bytes / GB:.0f} GB (each rank allocates its own pool: "
                 "later ranks fail 'Not enough host memory available' or the host overcommits)",
-            )  # fmt: skip
+            )
     reason = (
         f"{ranks} ranks x {size_gb_per_rank:g} GB = {total_gb:,.0f} GB host RAM; "
         f"{host_tokens:,} prefix tokens per rank kept on the host"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner import capacity as cap
+from tuner.sglang.defaults import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
 
 #: SGLang's tuning advice: keep 5-8 GB of `available_gpu_mem` for CUDA graphs and activations.
 HEADROOM_ADVICE_GIB = 5.0
@@ -149,9 +150,9 @@ def analyze(inp: CapacityInputs) -> dict[str, Any]:
         "context_len": _context_len(inp),
     }
     if inp.gpu_mem_mib is not None:
-        chunk, graph_bs = cap.default_chunked_prefill_and_graph_bs(inp.gpu_mem_mib, inp.tp)
+        chunk, graph_bs = default_chunked_prefill_and_graph_bs(inp.gpu_mem_mib, inp.tp)
         out["sglang_defaults"] = {
-            "mem_fraction_static": cap.default_mem_fraction_static(inp.gpu_mem_mib, inp.tp),
+            "mem_fraction_static": default_mem_fraction_static(inp.gpu_mem_mib, inp.tp),
             "chunked_prefill_size": chunk,
             "cuda_graph_max_bs": graph_bs,
         }

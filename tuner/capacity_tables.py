@@ -82,11 +82,14 @@ def _projection(report: dict[str, Any]) -> tuple[Table, list[str]]:
     for p in report["projection"]:
         flag = "!" if "warning" in p else ""
         t.add_row(
-            f"{p['mfs']:g}{flag}", _n(p["max_total_num_tokens"]),
-            f"{p['delta_tokens']:+,}" if "delta_tokens" in p else "", f"{p['kv_gb']:.2f}",
-            f"{p['headroom_gib']:.1f}", _n(p["max_running_requests"]),
+            f"{p['mfs']:g}{flag}",
+            _n(p["max_total_num_tokens"]),
+            f"{p['delta_tokens']:+,}" if "delta_tokens" in p else "",
+            f"{p['kv_gb']:.2f}",
+            f"{p['headroom_gib']:.1f}",
+            _n(p["max_running_requests"]),
             *(str(a["requests"]) for a in p["admissible"]),
-        )  # fmt: skip
+        )
         if flag:
             notes.append(f"! mfs {p['mfs']:g}: {p['warning']}.")
     return t, notes
@@ -100,9 +103,11 @@ def _hicache(report: dict[str, Any]) -> tuple[Table, list[str]]:
     for h in report["hicache"]:
         size = f"{h['hicache_size_gb_per_rank']:g}"
         t.add_row(
-            size, _n(h["host_total_gb"]), _n(h["host_tokens_per_rank"]),
+            size,
+            _n(h["host_total_gb"]),
+            _n(h["host_tokens_per_rank"]),
             "yes" if h["feasible"] else "NO",
-        )  # fmt: skip
+        )
         notes.append(f"{size} GB: {h['reason']}.")
     if "hicache_max_gb_per_rank" in report:
         ranks = report["tp"] * report["dp"]

@@ -1,4 +1,4 @@
-"""Command line: parse, dispatch to a command module, map outcomes to exit codes. No logic here.
+"""tuner: find the SGLang launch flags that give the most throughput, by measurement.
 
 Each subcommand lives in `tuner/commands/<name>.py` with `register(subparsers)` and `run(args)`;
 heavy imports stay inside `run` so `tuner --help` is fast. `tuner sim` hands its whole argument
@@ -58,16 +58,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_FAILED
-
-
-def not_built(name: str, issue: str):
-    """A `run` for a subcommand whose implementation has not landed yet (it still checks the study file)."""
-
-    def run(args: argparse.Namespace) -> int:
-        if getattr(args, "study_file", None):
-            from tuner.config import load_study
-
-            load_study(args.study_file)
-        raise TunerError(f"'tuner {name}' is not built yet ({issue})")
-
-    return run

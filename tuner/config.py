@@ -168,32 +168,87 @@ class ParamSpec(Model):
 
 
 class WorkloadSection(Model):
-    """The traffic each trial is scored on (mapped onto the load generator's spec)."""
+    """The traffic each trial is scored on and how it is sent: the one source of these options'
+    defaults and of their checks' wording. `tuner.workload.requests_for` and
+    `tuner.loadgen.load_options` build the I/O layer's types from it; `tuner bench` builds one
+    from its flags (naming the flag instead of the key)."""
 
     kind: Literal["random", "shared-prefix", "multi-turn", "sharegpt", "jsonl"] = "random"
     backend: Literal["sglang", "openai", "openai-chat"] = "sglang"
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(256, ge=1)
-    range_ratio: float = Field(1.0, ge=0, le=1)
-    num_groups: int = Field(64, ge=1)
-    prompts_per_group: int = Field(16, ge=1)
-    prefix_len: int = Field(2048, ge=0)
-    question_len: int = Field(128, ge=1)
-    turns: int = Field(4, ge=1)
-    dataset: str | None = None
-    num_requests: int | None = Field(None, ge=1)
-    duration_s: Duration | None = 60
-    warmup_requests: int = Field(1, ge=0)
+    input_len: int = 1024
+    output_len: int = 256
+    range_ratio: float = 1.0  # lengths uniform in [max(L * ratio, 1), L]: 1 = exactly L
+    length_dist: Literal["uniform", "fixed", "lognormal"] = "uniform"
+    lognormal_sigma: float = 0.5  # lognormal lengths: median L, clipped to [1, 4 L]
+    num_groups: int = 64  # shared-prefix: groups x prompts_per_group requests
+    prompts_per_group: int = 16
+    prefix_len: int = 2048
+    question_len: int = 128
+    turns: int = 4  # multi-turn: turns per conversation
+    shuffle: bool = True  # interleave shared-prefix groups; sample dataset records at random
+    dataset: str | None = Field(None, validate_default=True)
+    dataset_output_len: int | None = None  # dataset records: this many output tokens each
+    num_requests: int | None = None
+    duration_s: float | None = 60
+    warmup_requests: int = 1
     flush_cache: bool = True
-    request_rate: float | None = Field(None, gt=0)  # None = closed loop at the trial's concurrency
-    request_timeout_s: Duration = 600
-    max_error_rate: float = Field(0.05, ge=0, le=1)  # beyond it the run stops early, flagged
+    request_rate: float | None = None  # None = closed loop at the trial's concurrency
+    request_timeout_s: float = 600
+    max_error_rate: float = 0.05  # beyond it the run stops early, flagged
+    stream: bool = True
+    model: str | None = None  # OpenAI endpoints' model name; None = the first of /v1/models
     seed: int = 0
 
+    # the checks are validators rather than Field(ge=...) so that their wording reads the same
+    # after a key (study file) or a flag (`tuner bench`)
+    @field_validator(
+        "input_len",
+        "output_len",
+        "num_groups",
+        "prompts_per_group",
+        "question_len",
+        "turns",
+        "num_requests",
+        "dataset_output_len",
+    )
+    @classmethod
+    def _at_least_one(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be >= 1 (got {v})")
+        return v
+
+    @field_validator("prefix_len", "warmup_requests")
+    @classmethod
+    def _not_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"must be >= 0 (got {v})")
+        return v
+
+    @field_validator("lognormal_sigma", "duration_s", "request_rate", "request_timeout_s")
+    @classmethod
+    def _positive(cls, v: float | None) -> float | None:
+        if v is not None and not v > 0:
+            raise ValueError(f"must be > 0 (got {v:g})")
+        return v
+
+    @field_validator("range_ratio", "max_error_rate")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0 <= v <= 1:
+            raise ValueError(f"must be in [0, 1] (got {v:g})")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str | None, info: Any) -> str | None:
+        # `info` is pydantic's ValidationInfo: the fields validated so far (kind comes first)
+        kind = info.data.get("kind")
+        if kind in ("sharegpt", "jsonl") and not v:
+            raise ValueError(f"a {kind} workload needs a dataset file")
+        return v
+
     @model_validator(mode="after")
-    def _dataset(self) -> WorkloadSection:
-        if self.kind in ("sharegpt", "jsonl") and not self.dataset:
-            raise ValueError(f"kind {self.kind} needs dataset: PATH")
+    def _bounded(self) -> WorkloadSection:
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("give duration_s, num_requests or both")
         return self
@@ -310,6 +365,7 @@ class StudyConfig(Model):
         for name in self.baseline or {}:
             if name not in self.space:
                 raise ValueError(f"baseline: {name} is not a searched parameter")
+        _one_name_per_flag(self.server, self.space)
         window_ms = (self.workload.duration_s or 0) * 1000
         for limit in ("p99_ttft_ms", "p99_e2e_latency_ms"):
             value = getattr(self.objective.slo, limit)
@@ -321,10 +377,16 @@ class StudyConfig(Model):
                 )
         return self
 
-    @property
-    def server_params(self) -> list[str]:
-        """Searched parameters that are server flags (changing one needs a restart)."""
-        return [k for k in self.space if k not in CLIENT_PARAMS]
+
+def _one_name_per_flag(server: dict[str, Any], space: dict[str, Any]) -> None:
+    """SGLang reads `tp` and `tensor-parallel-size` as one flag: refuse it under two names."""
+    from tuner.sglang.flags import DuplicateFlagError, normalize_flags
+
+    for section, flags in (("server", server), ("space", {**server, **space})):
+        try:
+            normalize_flags(flags)
+        except DuplicateFlagError as exc:
+            raise ValueError(f"{section}: {exc.detail}") from None
 
 
 def _check_flag_name(key: str) -> None:

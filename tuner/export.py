@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -12,8 +13,9 @@ import optuna
 from tuner.config import StudyConfig
 from tuner.errors import TunerError
 from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
+from tuner.results import best_trial, completed, feasible_trials, server_info_of
 from tuner.space import client_params, server_flags
-from tuner.study import best_trial, completed, feasible_trials
+from tuner.trial import Attr
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 SERVER_FACTS = (
@@ -44,8 +46,8 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
             f"study '{cfg.study}' has no feasible configuration yet ({n} completed trials): "
             "see `tuner status` for the reasons"
         )
-    metrics = trial.user_attrs.get("metrics") or {}
-    info = _first_server_info(study, trial)
+    metrics = trial.user_attrs.get(Attr.METRICS) or {}
+    info = server_info_of(study, trial)
     data = {
         "study": cfg.study,
         "trial": trial.number,
@@ -66,16 +68,6 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
             {"trial": t.number, "values": t.values, "params": t.params} for t in study.best_trials
         ]
     return data
-
-
-def _first_server_info(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """Server info of the winner, or of the trial that started the server it reused."""
-    if trial.user_attrs.get("server_info"):
-        return dict(trial.user_attrs["server_info"])
-    for t in reversed(completed(study)[: trial.number]):
-        if t.user_attrs.get("server_info"):
-            return dict(t.user_attrs["server_info"])
-    return {}
 
 
 def render_yaml(data: dict[str, Any]) -> str:
@@ -120,3 +112,11 @@ def render(data: dict[str, Any], fmt: str) -> str:
         return render_cmd(data) + "\n"
     return json.dumps(data, indent=2, default=str) + "\n"
 
+
+def write_best(cfg: StudyConfig, study: optuna.Study, out_dir: Path) -> tuple[Path, str]:
+    """Write the winner's launch config to `out_dir/best.yaml`; (path, text)."""
+    text = render_yaml(export_data(cfg, study))
+    path = out_dir / "best.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path, text

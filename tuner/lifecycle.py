@@ -14,103 +14,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from tuner.config import Timeouts
 from tuner.errors import InfraError
 from tuner.hosts.base import EXIT_SUFFIX, Host
-from tuner.launch import LaunchSpec
+from tuner.launch import REDACTED, LaunchSpec
+from tuner.server_info import as_float, as_int, internal, mismatches
+from tuner.sglang.failures import FailureClass, explain_failure
 
 log = logging.getLogger(__name__)
-
-FAILURE_CLASSES = (
-    "oom_cuda_graph",  # mfs too high: start-up OOM after the weights (graph capture, KV pool)
-    "oom_runtime",  # a prefill/decode ran out of memory (often under load, after ready)
-    "not_enough_memory",  # mfs too low / weights too big: no room for the KV pool
-    "host_memory",  # HiCache host pool too large, or not larger than the device pool
-    "bad_flag",  # argparse rejected a flag (exit 2)
-    "port_in_use",  # the port is taken (before start, or uvicorn could not bind)
-    "timeout",  # not ready within ready_s; the group was killed
-    "crashed",  # died for another reason (evidence in the log tail)
-    "stale_server",  # the server answering on the port is not the one we started
-    "args_mismatch",  # ours, but it resolved different values than we asked for
-)
-
-# (class, pattern) in priority order: the first class with a matching line wins. More specific
-# messages come first ("Capture cuda graph failed: CUDA out of memory" is a graph OOM, "Not enough
-# host memory" is not "Not enough memory").
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (cls, re.compile(p, re.IGNORECASE))
-    for cls, p in (
-        ("oom_cuda_graph", r"capture cuda graph failed|cuda graph.*out of memory"),
-        ("host_memory", r"not enough host memory available"),
-        ("host_memory", r"host memory should be larger than the device memory"),
-        ("not_enough_memory", r"not enough memory\. please try to increase --mem-fraction-static"),
-        ("oom_runtime", r"(prefill|decode) out of memory"),
-        ("port_in_use", r"address already in use|\[errno 98\]"),
-        ("bad_flag", r"arguments .* are mutually exclusive"),  # SGLang's own flag checks
-    )
-)
-_ARGPARSE = re.compile(r": error: (unrecognized arguments|argument |invalid |the following)", re.I)
-_CUDA_OOM = re.compile(r"cuda out of memory|outofmemoryerror|cuda error: out of memory", re.I)
-_READY = re.compile(r"The server is fired up and ready to roll", re.I)
-_WEIGHTS_LOADED = re.compile(r"Load weight end|KV Cache is allocated", re.I)
-
-
-def explain_failure(exit_code: int | None, log_tail: Sequence[str]) -> tuple[str, str]:
-    """(failure class, the log line that shows it) for a server that exited or died."""
-    lines = [ln.rstrip() for ln in log_tail]
-    if exit_code == 2 or any(_ARGPARSE.search(ln) for ln in lines):
-        hit = next((ln for ln in reversed(lines) if _ARGPARSE.search(ln)), None)
-        if hit is not None:
-            return "bad_flag", hit.strip()
-    for cls, pat in _PATTERNS:
-        hit = next((ln for ln in reversed(lines) if pat.search(ln)), None)
-        if hit is not None:
-            return cls, hit.strip()
-    oom = next((ln for ln in reversed(lines) if _CUDA_OOM.search(ln)), None)
-    if oom is not None:
-        # a bare torch OOM: where in start-up it happened tells which knob was wrong
-        text = "\n".join(lines)
-        if _READY.search(text):
-            return "oom_runtime", oom.strip()
-        if not _WEIGHTS_LOADED.search(text):
-            return "not_enough_memory", oom.strip()
-        # after the weights, before ready: the KV pool or the CUDA graphs did not fit, i.e. mfs
-        # too high -- the same lesson as a graph-capture OOM, so the same class
-        return "oom_cuda_graph", oom.strip()
-    last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-    why = f"exit code {exit_code}" if exit_code is not None else "killed by a signal"
-    return "crashed", f"{why}: {last}" if last else why
-
-
-def classify_failure(exit_code: int | None, log_tail: Sequence[str]) -> str:
-    """One of FAILURE_CLASSES for a failed start or a dead server, from exit code and log tail."""
-    return explain_failure(exit_code, log_tail)[0]
-
-
-@dataclass(frozen=True)
-class ServerTimeouts:
-    """Every wait of a restart, in seconds (the study file's `target.timeouts`)."""
-
-    #: start to GET /health 200 (a real model load takes minutes)
-    ready_s: float = 900.0
-    #: SIGTERM to the group's end before SIGKILL (SGLang drains in-flight requests first)
-    stop_s: float = 60.0
-    #: wait for the port to be released by the old server
-    port_free_s: float = 30.0
-    #: wait for the GPUs to release the old server's memory (only where nvidia-smi exists)
-    gpu_free_s: float = 60.0
-    #: poll interval of the waits above
-    poll_s: float = 0.5
-    #: one HTTP request to the server (/health, /get_server_info)
-    http_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -156,6 +75,24 @@ class StartResult:
     gpus: tuple[GpuInfo, ...] = ()
     timings: Timings = field(default_factory=Timings)
 
+    def facts(self) -> dict[str, Any]:
+        """What a trial records of this start: the server's resolved values, where the time
+        went, the GPU, and for a failure the log lines that show why (None values dropped)."""
+        info: dict[str, Any] = {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "mem_fraction_static": self.mem_fraction_static,
+            "max_running_requests": self.max_running_requests,
+            "version": self.version,
+            "restart_s": round(self.timings.total_s, 3),
+            "overhead_s": round(self.timings.overhead_s, 3),
+        }
+        if self.gpus:
+            gpu = self.gpus[0]
+            info["gpu"] = f"{len(self.gpus)} x {gpu.name} ({gpu.memory_total_mib} MiB)"
+        if not self.ok:
+            info["evidence"] = list(self.evidence[-8:])
+        return {k: v for k, v in info.items() if v is not None}
+
 
 @dataclass(frozen=True)
 class ServerDeath:
@@ -175,52 +112,13 @@ class _Running:
     port: int
 
 
-def values_match(asked: object, got: object) -> bool:
-    """Compare a flag value with a resolved server arg: numbers with tolerance, lists by item."""
-    if isinstance(asked, bool) or isinstance(got, bool):
-        return bool(asked) == bool(got) if got is not None else asked is False
-    if isinstance(asked, (list, tuple)):
-        items = got if isinstance(got, (list, tuple)) else [got]
-        return len(asked) == len(items) and all(
-            values_match(a, b) for a, b in zip(asked, items, strict=True)
-        )
-    try:
-        a, b = float(asked), float(got)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return str(asked) == str(got)
-    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-
-
-def mismatches(flags: Mapping[str, object], info: Mapping[str, Any]) -> list[str]:
-    """`name: asked X, server has Y` for every asked flag the server resolved differently.
-
-    Flags are dashed (`mem-fraction-static`), server args underscored; flags the server does
-    not report are not checked.
-    """
-    out = []
-    for name, asked in flags.items():
-        key = name.lstrip("-").replace("-", "_")
-        if asked is None or key not in info:
-            continue
-        if not values_match(asked, info[key]):
-            out.append(f"{name}: asked {asked!r}, server has {info[key]!r}")
-    return out
-
-
-def _internal(info: Mapping[str, Any], key: str) -> Any:
-    """A field from the top level or from internal_states[0] (where newer versions put it)."""
-    if info.get(key) is not None:
-        return info[key]
-    states = info.get("internal_states") or []
-    if states and isinstance(states[0], Mapping):
-        return states[0].get(key)
-    return None
-
-
 class Server:
     """One SGLang server on `host`, restarted per trial.
 
     `http_host` is where the tuner reaches the server's port (default: the host's address).
+    `api_key` authenticates the tuner's requests; SGLang logs its whole server_args at start-up,
+    the key included, so everything read back from the server (reasons, log lines, the fetched
+    log) is masked before it leaves this class.
     `nvidia_smi` is the command used to read GPU facts and wait for memory release (skipped when
     the host has no such command). `clock`/`sleep` are seams for tests.
     """
@@ -228,7 +126,7 @@ class Server:
     def __init__(
         self,
         host: Host,
-        timeouts: ServerTimeouts | None = None,
+        timeouts: Timeouts | None = None,
         *,
         http_host: str | None = None,
         nvidia_smi: str = "nvidia-smi",
@@ -238,7 +136,7 @@ class Server:
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.host = host
-        self.timeouts = timeouts or ServerTimeouts()
+        self.timeouts = timeouts or Timeouts()
         self.http_host = http_host or host.address
         self.nvidia_smi = nvidia_smi
         self.api_key = api_key
@@ -320,23 +218,22 @@ class Server:
         self._wait_gpu_free(members)
         return self._clock() - t0
 
-    def alive(self) -> bool:
-        """True while the server's group has a live process."""
-        return self._running is not None and self.host.group_alive(self._running.pgid)
-
     def check(self) -> ServerDeath | None:
         """None while the server runs; else why it died (e.g. oom_runtime under load)."""
         if self._running is None or self.host.group_alive(self._running.pgid):
             return None
         code, tail = self._exit_and_tail(self._running.log_path)
         cls, reason = explain_failure(code, tail)
-        return ServerDeath(cls, reason, tuple(tail), code)
+        return ServerDeath(cls, self._mask(reason), tuple(self._mask(x) for x in tail), code)
 
     def fetch_log(self, local_path: str) -> bool:
         """Copy the current server's log to `local_path`; False when there is none."""
         if self._running is None:
             return False
         self.host.fetch(self._running.log_path, local_path)
+        if self.api_key:
+            path = Path(local_path)
+            path.write_text(self._mask(path.read_text(errors="replace")))
         return True
 
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -369,7 +266,7 @@ class Server:
         if not self._poll(lambda: self.host.port_free(spec.port), self.timeouts.port_free_s):
             return StartResult(
                 False,
-                "port_in_use",
+                FailureClass.PORT_IN_USE,
                 f"{self.host.name}: port {spec.port} still in use after {self.timeouts.port_free_s:g} s "
                 "by a process we did not start",
                 log_path=log_path,
@@ -396,7 +293,7 @@ class Server:
                 _, tail = self._exit_and_tail(run.log_path)
                 return StartResult(
                     False,
-                    "timeout",
+                    FailureClass.TIMEOUT,
                     f"not ready within {self.timeouts.ready_s:g} s (GET /health never answered 200); killed",
                     tuple(tail),
                     run.pgid,
@@ -413,7 +310,10 @@ class Server:
         base = {"pgid": run.pgid, "log_path": run.log_path}
         if info is None:
             return StartResult(
-                False, "crashed", "ready, but /get_server_info and /server_info failed", **base
+                False,
+                FailureClass.CRASHED,
+                "ready, but /get_server_info and /server_info failed",
+                **base,
             )
         pid = info.get("pid")
         # the answer came from a live server; only a reported pid lets us tell whose it is
@@ -428,26 +328,35 @@ class Server:
             self._running = None
             return StartResult(
                 False,
-                "stale_server",
+                FailureClass.STALE_SERVER,
                 f"pid {pid} answering on port {spec.port} is not the one we started (pgid {run.pgid})",
                 **base,
             )
         facts = {
-            "max_total_num_tokens": _as_int(_internal(info, "max_total_num_tokens")),
-            "mem_fraction_static": _as_float(info.get("mem_fraction_static")),
-            "max_running_requests": _as_int(_internal(info, "max_running_requests")),
+            "max_total_num_tokens": as_int(internal(info, "max_total_num_tokens")),
+            "mem_fraction_static": as_float(info.get("mem_fraction_static")),
+            "max_running_requests": as_int(internal(info, "max_running_requests")),
             "version": str(info["version"]) if info.get("version") is not None else None,
             "server_pid": pid if isinstance(pid, int) else None,
         }
         wrong = mismatches({**spec.flags, "port": spec.port}, info)
         if wrong:
-            return StartResult(False, "args_mismatch", "; ".join(wrong), **base, **facts)
+            return StartResult(False, FailureClass.ARGS_MISMATCH, "; ".join(wrong), **base, **facts)
         return StartResult(True, None, "ready", **base, **facts)
 
     # -- helpers ----------------------------------------------------------------------------
 
     def _result(self, res: StartResult, timings: Timings) -> StartResult:
-        return replace(res, timings=timings, gpus=self._gpus or ())
+        return replace(
+            res,
+            reason=self._mask(res.reason),
+            evidence=tuple(self._mask(x) for x in res.evidence),
+            timings=timings,
+            gpus=self._gpus or (),
+        )
+
+    def _mask(self, text: str) -> str:
+        return text.replace(self.api_key, REDACTED) if self.api_key else text
 
     def _poll(self, ok: Callable[[], bool], limit_s: float) -> bool:
         deadline = self._clock() + limit_s
@@ -525,18 +434,4 @@ class Server:
                     return data
             except (OSError, ValueError):
                 continue
-        return None
-
-
-def _as_int(v: Any) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _as_float(v: Any) -> float | None:
-    try:
-        return float(v) if v is not None else None
-    except (TypeError, ValueError):
         return None

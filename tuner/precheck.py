@@ -12,15 +12,29 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner import capacity as cap
+from tuner.sglang.flags import normalize_flags
 
 #: flags that change how much GPU memory is left besides the KV pool: a CUDA-graph failure only
 #: predicts another when all of these are equal
+#: (canonical names: flags are read through SGLang's aliases, so `tp: 8` is TP 8)
 MEMORY_FLAGS = (
-    "tensor-parallel-size", "tp-size", "data-parallel-size", "dp-size", "pipeline-parallel-size",
-    "cuda-graph-max-bs", "cuda-graph-bs", "disable-cuda-graph", "chunked-prefill-size",
-    "max-prefill-tokens", "max-running-requests", "kv-cache-dtype", "page-size", "context-length",
-    "quantization", "enable-dp-attention", "max-total-tokens", "model-path",
-)  # fmt: skip
+    "tensor-parallel-size",
+    "data-parallel-size",
+    "pipeline-parallel-size",
+    "cuda-graph-max-bs",
+    "cuda-graph-bs",
+    "disable-cuda-graph",
+    "chunked-prefill-size",
+    "max-prefill-tokens",
+    "max-running-requests",
+    "kv-cache-dtype",
+    "page-size",
+    "context-length",
+    "quantization",
+    "enable-dp-attention",
+    "max-total-tokens",
+    "model-path",
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,8 @@ class Hardware:
     bytes_per_token: int | None = None
     gpu_mem_mib: float | None = None
     host_ram_gb: float | None = None
+    #: weights and everything else outside the KV pool (GiB per GPU), until a start calibrates it
+    weights_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,23 +71,35 @@ class Verdict:
 
 
 def memory_key(flags: Mapping[str, Any]) -> tuple:
-    return tuple((k, str(flags.get(k))) for k in MEMORY_FLAGS)
+    canonical = normalize_flags(flags)
+    return tuple((k, str(canonical.get(k))) for k in MEMORY_FLAGS)
 
 
-def _parallel(flags: Mapping[str, Any]) -> tuple[int, int]:
-    tp = int(flags.get("tensor-parallel-size") or flags.get("tp-size") or 1)
-    dp = int(flags.get("data-parallel-size") or flags.get("dp-size") or 1)
+def parallel_sizes(flags: Mapping[str, Any]) -> tuple[int, int]:
+    """(TP, DP) as SGLang reads the flags (any alias or unique prefix of their names)."""
+    canonical = normalize_flags(flags)
+    tp = int(canonical.get("tensor-parallel-size") or 1)
+    dp = int(canonical.get("data-parallel-size") or 1)
     return tp, dp
 
 
 def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> int | None:
-    """Pool size at this mfs from the calibration, or None when it cannot be known yet."""
+    """Pool size at this mfs, or None when it cannot be known yet.
+
+    The fixed part (weights and the rest) comes from a real start when one was seen, else from
+    `hardware.weights_gib`, a lower bound: the real pool can only be smaller.
+    """
     mfs = flags.get("mem-fraction-static")
-    if mfs is None or know.calibration is None or not hw.gpu_mem_mib or not hw.bytes_per_token:
+    if mfs is None or not hw.gpu_mem_mib or not hw.bytes_per_token:
         return None
-    tokens, at_mfs = know.calibration
     free0 = hw.gpu_mem_mib * cap.MIB
-    fixed = cap.calibrate_fixed_bytes(tokens, at_mfs, free0, hw.bytes_per_token)
+    if know.calibration is not None:
+        tokens, at_mfs = know.calibration
+        fixed = cap.calibrate_fixed_bytes(tokens, at_mfs, free0, hw.bytes_per_token)
+    elif hw.weights_gib is not None:
+        fixed = int(hw.weights_gib * cap.GIB)
+    else:
+        return None
     return cap.pool_tokens(float(mfs), free0, fixed, hw.bytes_per_token)
 
 
@@ -91,12 +119,13 @@ def precheck(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> Verdict
     tokens = projected_tokens(flags, hw, know)
     if tokens is not None and tokens <= 0:
         return Verdict(
-            False, f"mem-fraction-static {float(mfs):g} leaves no KV pool (projected {tokens} tokens)",
+            False,
+            f"mem-fraction-static {float(mfs):g} leaves no KV pool (projected {tokens} tokens)",
             "not_enough_memory",
-        )  # fmt: skip
+        )
     size = flags.get("hicache-size")
     if size and hw.bytes_per_token:
-        tp, dp = _parallel(flags)
+        tp, dp = parallel_sizes(flags)
         host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
         v = cap.hicache_verdict(float(size), hw.bytes_per_token, tokens or 0, host, tp, dp)
         if not v.feasible:

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sshd import free_port
 
+from tests.helpers.net import free_port
+from tuner.api import study_requests
 from tuner.config import load_study
-from tuner.runtime import workload_spec
 from tuner.sim.engine import SimRequest
 from tuner.sim.virtual import virtual_trial
-from tuner.workload import build_requests
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,21 +37,44 @@ def test_demo_best_within_10pct_of_brute_force(tmp_path: Path) -> None:
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     runs = tmp_path / "runs"
     out = subprocess.run(
-        [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs), "--no-progress"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "tune",
+            str(study),
+            "--runs-dir",
+            str(runs),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     exported = subprocess.run(
-        [sys.executable, "-m", "tuner", "export", str(study), "--runs-dir", str(runs), "--format", "json"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "export",
+            str(study),
+            "--runs-dir",
+            str(runs),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     best = json.loads(exported.stdout)
 
     cfg = load_study(study)
     profile = cfg.target.launch[cfg.target.launch.index("--sim-profile") + 1]
-    requests = [
-        SimRequest(tuple(r.token_ids), r.output_len) for r in build_requests(workload_spec(cfg))
-    ]
+    requests = [SimRequest(tuple(r.token_ids), r.output_len) for r in study_requests(cfg)]
     duration, slo = cfg.workload.duration_s, cfg.objective.slo.p99_ttft_ms
     mfs_space, conc_space = cfg.space["mem-fraction-static"], cfg.space["concurrency"]
 
@@ -68,7 +90,9 @@ def test_demo_best_within_10pct_of_brute_force(tmp_path: Path) -> None:
         for c in grid(conc_space.low, conc_space.high, 24)
     )
     found = score(best["params"]["mem-fraction-static"], best["params"]["concurrency"])
-    print(f"demo: best {best['params']} scores {found:,.0f} tok/s in virtual time; "
-          f"brute-force optimum {optimum:,.0f}; ratio {found / optimum:.2f}")  # fmt: skip
+    print(
+        f"demo: best {best['params']} scores {found:,.0f} tok/s in virtual time; "
+        f"brute-force optimum {optimum:,.0f}; ratio {found / optimum:.2f}"
+    )
     assert optimum > 0
     assert found >= 0.9 * optimum

@@ -1,7 +1,7 @@
 """Server lifecycle over LocalHost and SSHHost (real sshd): start, ready, verify, restart, stop,
 every failure class, deadlines, a dropped connection, PID reuse, hostile values.
 
-The server is tests/integration/fake_sglang.py (a stand-in speaking SGLang's HTTP API and failure
+The server is tests/helpers/fake_sglang.py (a stand-in speaking SGLang's HTTP API and failure
 lines); test_server_sim.py runs the same cycle against the real `tuner sim`.
 After every test no process of the groups it started is left (asserted by pgid).
 """
@@ -21,16 +21,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd import assert_group_gone, free_port
 
+from tests.helpers.net import free_port
+from tests.helpers.sshd import assert_group_gone
+from tuner.config import Timeouts
 from tuner.hosts import Host, SSHHost
 from tuner.launch import LaunchSpec
-from tuner.lifecycle import Server, ServerTimeouts
+from tuner.lifecycle import Server
 
-FAKE = str(Path(__file__).with_name("fake_sglang.py"))
-FAST = ServerTimeouts(ready_s=20, stop_s=5, port_free_s=3, gpu_free_s=5, poll_s=0.05, http_s=2)
+FAKE = str(Path(__file__).resolve().parents[1] / "helpers" / "fake_sglang.py")
+FAST = Timeouts(ready_s=20, stop_s=5, port_free_s=3, gpu_free_s=5, poll_s=0.05, http_s=2)
 
 pytestmark = pytest.mark.slow
+
+
+def alive(server: Server) -> bool:
+    """The server we started last still has a live process group."""
+    return server.pgid is not None and server.host.group_alive(server.pgid)
 
 
 def fake_spec(port: int, mfs: float = 0.8, *extra: str, model: str = "fake/model") -> LaunchSpec:
@@ -42,7 +49,7 @@ def fake_spec(port: int, mfs: float = 0.8, *extra: str, model: str = "fake/model
 class Tracker:
     """A Server whose every started group is checked gone at teardown."""
 
-    def __init__(self, host: Host, tmp_path: Path, timeouts: ServerTimeouts = FAST, **kw: object):
+    def __init__(self, host: Host, tmp_path: Path, timeouts: Timeouts = FAST, **kw: object):
         self.server = Server(host, timeouts, **kw)  # type: ignore[arg-type]
         self.tmp = tmp_path
         self.pgids: list[int] = []
@@ -83,7 +90,7 @@ def test_start_ready_verify_restart_stop(tracker: Tracker, tmp_path: Path) -> No
     assert (r1.failure, r1.mem_fraction_static, r1.max_total_num_tokens) == (None, 0.8, 1_600_000)
     assert r1.max_running_requests == 800_000 and r1.version == "0.5.6.post2"
     assert r1.server_pid in tracker.server.host.group_pids(r1.pgid)
-    assert tracker.server.alive() and tracker.server.check() is None
+    assert alive(tracker.server) and tracker.server.check() is None
     t = r1.timings
     assert 0 < t.start_to_ready_s < t.total_s and t.overhead_s >= 0
 
@@ -97,7 +104,7 @@ def test_start_ready_verify_restart_stop(tracker: Tracker, tmp_path: Path) -> No
     assert tracker.server.fetch_log(str(local))
     assert json.loads(local.read_text().splitlines()[0])[:2] == ["--model-path", "fake/model"]
     assert tracker.server.stop() > 0
-    assert not tracker.server.alive()
+    assert not alive(tracker.server)
     assert_group_gone(r2.pgid)
 
 
@@ -121,7 +128,7 @@ def test_failure_classes(tracker: Tracker, extra: tuple[str, ...], expected: str
     assert res.reason and "\n" not in res.reason
     assert res.evidence  # the log lines that show it
     assert time.monotonic() - t0 < FAST.ready_s / 2  # early death seen at once, not at the deadline
-    assert not tracker.server.alive()
+    assert not alive(tracker.server)
 
 
 def test_bad_flag_has_exit_code_2(tracker: Tracker) -> None:
@@ -131,7 +138,7 @@ def test_bad_flag_has_exit_code_2(tracker: Tracker) -> None:
 
 
 def test_hanging_start_hits_the_deadline_and_is_killed(any_host: Host, tmp_path: Path) -> None:
-    t = Tracker(any_host, tmp_path, ServerTimeouts(ready_s=1.5, stop_s=2, poll_s=0.05, http_s=1))
+    t = Tracker(any_host, tmp_path, Timeouts(ready_s=1.5, stop_s=2, poll_s=0.05, http_s=1))
     try:
         t0 = time.monotonic()
         res = t.restart(fake_spec(free_port(), 0.8, "--fake-hang", "--fake-child"))
@@ -144,7 +151,7 @@ def test_hanging_start_hits_the_deadline_and_is_killed(any_host: Host, tmp_path:
 
 
 def test_stop_escalates_to_kill(any_host: Host, tmp_path: Path) -> None:
-    t = Tracker(any_host, tmp_path, ServerTimeouts(ready_s=20, stop_s=0.5, poll_s=0.05, http_s=1))
+    t = Tracker(any_host, tmp_path, Timeouts(ready_s=20, stop_s=0.5, poll_s=0.05, http_s=1))
     try:
         res = t.restart(fake_spec(free_port(), 0.8, "--fake-ignore-term"))
         assert res.ok, res
@@ -185,7 +192,7 @@ def test_args_mismatch(tracker: Tracker) -> None:
 def test_answering_server_is_not_ours(tracker: Tracker) -> None:
     res = tracker.restart(fake_spec(free_port(), 0.8, "--fake-report-pid", "1"))
     assert res.failure == "stale_server"
-    assert not tracker.server.alive()
+    assert not alive(tracker.server)
 
 
 def test_reused_pid_is_not_killed(any_host: Host, tmp_path: Path) -> None:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pg import postgres_url  # noqa: F401  (fixture)
-from sshd import assert_group_gone
-from test_study_e2e import REPO, study_file
+
+from tests.helpers.sshd import assert_group_gone
+from tests.helpers.studies import REPO, study_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
-def test_two_workers_share_one_study(tmp_path: Path, postgres_url: str) -> None:  # noqa: F811
+def test_two_workers_share_one_study(tmp_path: Path, postgres_url: str) -> None:
     n = 6
     procs = []
     for worker in ("host-a", "host-b"):
@@ -26,10 +26,29 @@ def test_two_workers_share_one_study(tmp_path: Path, postgres_url: str) -> None:
         data = yaml.safe_load(study.read_text())
         data["baseline"] = None
         study.write_text(yaml.safe_dump(data, sort_keys=False))
-        cmd = [sys.executable, "-m", "tuner", "tune", str(study), "--storage", postgres_url,
-               "--worker", worker, "--runs-dir", str(tmp_path / worker / "runs"), "--no-progress"]  # fmt: skip
-        procs.append((worker, study, subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.PIPE, text=True)))  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tuner",
+            "tune",
+            str(study),
+            "--storage",
+            postgres_url,
+            "--worker",
+            worker,
+            "--runs-dir",
+            str(tmp_path / worker / "runs"),
+            "--no-progress",
+        ]
+        procs.append(
+            (
+                worker,
+                study,
+                subprocess.Popen(
+                    cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                ),
+            )
+        )
     for worker, _, proc in procs:
         out, err = proc.communicate(timeout=400)
         assert proc.returncode == 0, f"{worker}: {err[-2000:]}"
@@ -37,8 +56,11 @@ def test_two_workers_share_one_study(tmp_path: Path, postgres_url: str) -> None:
     study = procs[0][1]
     status = subprocess.run(
         [sys.executable, "-m", "tuner", "status", str(study), "--storage", postgres_url, "--json"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert status.returncode == 0, status.stderr
     trials = json.loads(status.stdout)["trials"]
     complete = [t for t in trials if t["state"] == "COMPLETE"]

@@ -17,41 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from simproc import sim_server
-from sshd import Sshd, assert_group_gone, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.simproc import sim_server
+from tests.helpers.sshd import Sshd, assert_group_gone
+from tests.helpers.studies import REPO, study_file, tuner
+
 pytestmark = pytest.mark.slow
-
-
-def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) -> Path:
-    """A copy of the demo, made small: short runs, a free port, its own name."""
-    data = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())
-    data["study"] = name
-    data["target"]["port"] = free_port()
-    data["target"]["launch"] = [
-        "{python}", "-m", "tuner.sim", "--sim-profile", "llama-3.1-8b-h100", "--sim-startup-seconds", "0.3",
-    ]  # fmt: skip
-    data["workload"].update(input_len=256, output_len=48, duration_s=2.5, warmup_requests=1)
-    data["objective"]["slo"]["p99_ttft_ms"] = 2000
-    data["budget"].update(n_trials=n_trials, confirm_top=1, confirm_repeats=1)
-    data["baseline"] = {"mem-fraction-static": 0.98, "concurrency": 16}  # certain CUDA-graph OOM
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        if field:
-            data.setdefault(section, {})[field] = value
-        else:
-            data[section] = value
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def tuner(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout,
-        cwd=REPO,
-    )  # fmt: skip
 
 
 def status(study: Path, runs: Path) -> dict:
@@ -145,8 +116,14 @@ def interrupt_tune(
         str(runs),
         "--no-progress",
     ]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
     try:
         _wait_for(wait_for, proc)
         time.sleep(settle_s)
@@ -185,10 +162,14 @@ def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
 def test_demo_study_over_ssh(tmp_path: Path, sshd_server: Sshd) -> None:
     runs = tmp_path / "runs"
     ssh = {
-        "user": "root", "port": sshd_server.port, "identity_file": str(sshd_server.client_key),
-        "known_hosts": str(sshd_server.known_hosts), "ssh_config": "", "use_agent": False,
+        "user": "root",
+        "port": sshd_server.port,
+        "identity_file": str(sshd_server.client_key),
+        "known_hosts": str(sshd_server.known_hosts),
+        "ssh_config": "",
+        "use_agent": False,
         "look_for_keys": False,
-    }  # fmt: skip
+    }
     study = study_file(tmp_path, "e2e-ssh", n_trials=3)
     data = yaml.safe_load(study.read_text())
     data["target"].update(host="127.0.0.1", ssh=ssh, workdir=str(tmp_path))
@@ -234,9 +215,12 @@ def test_api_key_is_used_and_never_written(tmp_path: Path) -> None:
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     out = subprocess.run(
         [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
         env={**os.environ, "TUNER_TEST_API_KEY": secret},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert secret not in out.stdout + out.stderr
     logs = list(runs.rglob("server.log"))
@@ -248,9 +232,12 @@ def test_api_key_is_used_and_never_written(tmp_path: Path) -> None:
     assert st["trials"][0]["output_throughput"]  # requests were authorised
     missing = subprocess.run(
         [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
         env={k: v for k, v in os.environ.items() if k != "TUNER_TEST_API_KEY"},
-    )  # fmt: skip
+    )
     assert missing.returncode == 2 and "TUNER_TEST_API_KEY is not set" in missing.stderr
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from tuner.config import load_study, parse_duration, parse_study
 from tuner.errors import ConfigError
+from tuner.space import client_params
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = {
@@ -25,16 +26,22 @@ def test_every_shipped_study_file_parses() -> None:
 
 
 def test_kinds_are_inferred() -> None:
-    cfg = parse_study({**MINIMAL, "space": {
+    space = {
         "mem-fraction-static": {"low": 0.8, "high": 0.9, "step": 0.01},
         "hicache-size": {"low": 0, "high": 40, "step": 8},
         "schedule-policy": {"choices": ["fcfs", "lpm"]},
         "concurrency": {"low": 8, "high": 256, "log": True},
-    }})  # fmt: skip
+    }
+    cfg = parse_study({**MINIMAL, "space": space})
     kinds = {k: v.kind for k, v in cfg.space.items()}
-    assert kinds == {"mem-fraction-static": "float", "hicache-size": "int",
-                     "schedule-policy": "categorical", "concurrency": "int"}  # fmt: skip
-    assert cfg.server_params == ["mem-fraction-static", "hicache-size", "schedule-policy"]
+    assert kinds == {
+        "mem-fraction-static": "float",
+        "hicache-size": "int",
+        "schedule-policy": "categorical",
+        "concurrency": "int",
+    }
+    # every searched flag but the client's concurrency needs a restart
+    assert list(client_params(dict.fromkeys(cfg.space, 1))) == ["concurrency"]
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from tuner.config import Timeouts
 from tuner.errors import InfraError
 from tuner.hosts import CommandResult
-from tuner.lifecycle import Server, ServerTimeouts
+from tuner.lifecycle import Server
 
-T = ServerTimeouts(ready_s=10, stop_s=3, port_free_s=2, gpu_free_s=4, poll_s=0.5, http_s=1)
+T = Timeouts(ready_s=10, stop_s=3, port_free_s=2, gpu_free_s=4, poll_s=0.5, http_s=1)
 
 
 class FakeClock:

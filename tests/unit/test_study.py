@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +13,15 @@ from optuna.trial import TrialState
 
 from tuner.config import parse_study
 from tuner.errors import HostUnreachable, StudyMismatchError
-from tuner.objective import CONSTRAINT_KEYS, TrialRunner
+from tuner.lifecycle import ServerDeath, StartResult
 from tuner.precheck import Hardware
-from tuner.study import Tuning, best_trial, make_sampler, make_storage, open_study, storage_url
+from tuner.results import best_trial
+from tuner.runner import TrialRunner
+from tuner.study import make_sampler, make_storage, open_study, storage_url
+from tuner.trial import CONSTRAINT_KEYS
+from tuner.tuning import Tuning
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-@dataclass
-class Start:
-    ok: bool
-    failure: str | None = None
-    reason: str = ""
-    info: dict = field(default_factory=dict)
-    pgid: int | None = 4242
 
 
 class FakeServer:
@@ -48,9 +43,13 @@ class FakeServer:
             raise HostUnreachable("ssh 127.0.0.1:22: connection dropped")
         mfs = float(spec.flags.get("mem-fraction-static", 0.8))
         if mfs > self.graph_cliff:
-            return Start(False, "oom_cuda_graph", "Capture cuda graph failed: CUDA out of memory")
+            return StartResult(
+                False, "oom_cuda_graph", "Capture cuda graph failed: CUDA out of memory", pgid=4242
+            )
         tokens = int((mfs - 0.5) * 1_000_000)
-        return Start(True, info={"max_total_num_tokens": tokens, "mem_fraction_static": mfs})
+        return StartResult(
+            True, None, "ready", pgid=4242, max_total_num_tokens=tokens, mem_fraction_static=mfs
+        )
 
     def check(self):
         return None
@@ -60,31 +59,35 @@ class FakeServer:
 
     def fetch_log(self, local_path):
         Path(local_path).write_text("log\n")
+        return True
 
 
 @dataclass
 class Load:
+    """A scripted load run: what loadgen.LoadResult gives a trial."""
+
+    metrics: dict = field(default_factory=dict)
     records: tuple = ()
     duration_s: float = 1.0
     stopped: str = "done"
     flagged: bool = False
-    throughput: float = 0.0
-    ttft: float = 0.0
+
+    def summary(self) -> dict:
+        return dict(self.metrics)
 
 
 def make_runner(cfg, server):
     state: dict[str, Any] = {}
 
-    def run_load(url: str, concurrency: int) -> Load:
+    def run_load(url: str, client: dict) -> Load:
+        concurrency = client["concurrency"]
         mfs = float(state["flags"].get("mem-fraction-static", 0.8))
         capacity = (mfs - 0.5) * 400
         tput = min(concurrency, capacity) * 10.0
-        return Load(throughput=tput, ttft=max(0.0, concurrency - capacity) * 100.0)
+        ttft = max(0.0, concurrency - capacity) * 100.0
+        return Load({"output_throughput": tput, "p99_ttft_ms": ttft, "error_rate": 0.0})
 
-    def score(load: Load) -> dict:
-        return {"output_throughput": load.throughput, "p99_ttft_ms": load.ttft, "error_rate": 0.0}
-
-    runner = TrialRunner(cfg, server, run_load, score, "http://127.0.0.1:1", Hardware(), None)
+    runner = TrialRunner(cfg, server, run_load, "http://127.0.0.1:1", Hardware())
     original = runner.flags_for
 
     def flags_for(params):
@@ -130,8 +133,13 @@ def test_study_completes_with_same_constraint_keys(tmp_path: Path) -> None:
 
 
 def test_graph_failure_is_learned_and_higher_mfs_rejected_without_launch(tmp_path: Path) -> None:
-    data = {**STUDY, "space": {"mem-fraction-static": {"choices": [0.94, 0.96, 0.90]},
-                               "concurrency": {"choices": [16]}}}  # fmt: skip
+    data = {
+        **STUDY,
+        "space": {
+            "mem-fraction-static": {"choices": [0.94, 0.96, 0.90]},
+            "concurrency": {"choices": [16]},
+        },
+    }
     cfg, study, server, tuning = setup(tmp_path, data)
     for mfs in (0.94, 0.96, 0.90):
         study.enqueue_trial({"mem-fraction-static": mfs, "concurrency": 16})
@@ -230,7 +238,7 @@ class DyingServer(FakeServer):
     def check(self):
         self.checks += 1
         if self.dies_after is not None and self.checks > self.dies_after:
-            return "oom_runtime"
+            return ServerDeath("oom_runtime", "Prefill out of memory", (), 137)
         return None
 
 
@@ -240,16 +248,19 @@ def test_error_budget_stop_is_the_servers_doing(tmp_path: Path, dies_after, stat
     now = [0.0]
     server = DyingServer(dies_after)
 
-    def run_load(url, concurrency):
-        return Load(stopped="error_budget", flagged=True, throughput=100.0)
-
-    def score(load):
-        return {"output_throughput": load.throughput, "p99_ttft_ms": 10.0, "error_rate": 0.5}
+    def run_load(url, client):
+        metrics = {"output_throughput": 100.0, "p99_ttft_ms": 10.0, "error_rate": 0.5}
+        return Load(metrics, stopped="error_budget", flagged=True)
 
     runner = TrialRunner(
-        cfg, server, run_load, score, "http://127.0.0.1:1", Hardware(),
-        clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
-    )  # fmt: skip
+        cfg,
+        server,
+        run_load,
+        "http://127.0.0.1:1",
+        Hardware(),
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
     out = runner.run(0, {"mem-fraction-static": 0.9, "concurrency": 64}, tmp_path / "t")
     assert out.status == status
     if status == "died":
@@ -314,9 +325,7 @@ def test_a_changed_sglang_version_stops_the_study(tmp_path: Path) -> None:
             self.version = version
 
         def restart(self, spec, log_path, on_launch=None):
-            r = super().restart(spec, log_path, on_launch)
-            r.info["version"] = self.version
-            return r
+            return replace(super().restart(spec, log_path, on_launch), version=self.version)
 
     cfg, study, server, tuning = setup(tmp_path, server=Versioned("0.5.6.post2"))
     tuning.optimize(2, None)
@@ -361,10 +370,15 @@ def test_a_flag_the_server_rejects_stops_the_study(tmp_path: Path) -> None:
     class Strict(FakeServer):
         def restart(self, spec, log_path, on_launch=None):
             self.restarts.append(dict(spec.flags))
-            return Start(False, "bad_flag", "exit 2", info={
-                "evidence": ["usage: launch_server.py [-h] ...",
-                             "launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 64"],
-            })  # fmt: skip
+            return StartResult(
+                False,
+                "bad_flag",
+                "exit 2",
+                evidence=(
+                    "usage: launch_server.py [-h] ...",
+                    "launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 64",
+                ),
+            )
 
     cfg, study, server, tuning = setup(tmp_path, server=Strict())
     with pytest.raises(ConfigError, match="unrecognized arguments: --cuda-graph-max-bs 64") as err:

@@ -63,17 +63,23 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value in (("--tp", args.tp), ("--dp", args.dp), ("--page-size", args.page_size)):
         if value < 1:
             bad(flag, f"must be a positive integer, got {value}")
-    for flag, value in (("--gpu-mem-mib", args.gpu_mem_mib), ("--host-ram-gb", args.host_ram_gb),
-                        ("--observed-kv-gb", args.observed_kv_gb), ("--context-len", args.context_len),
-                        ("--observed-tokens", args.observed_tokens)):  # fmt: skip
+    for flag, value in (
+        ("--gpu-mem-mib", args.gpu_mem_mib),
+        ("--host-ram-gb", args.host_ram_gb),
+        ("--observed-kv-gb", args.observed_kv_gb),
+        ("--context-len", args.context_len),
+        ("--observed-tokens", args.observed_tokens),
+    ):
         if value is not None and value <= 0:
             bad(flag, f"must be positive, got {value:g}")
     if args.weights_gib is not None and args.weights_gib < 0:
         bad("--weights-gib", f"must not be negative, got {args.weights_gib:g}")
     for value in [*args.mfs, *([args.observed_mfs] if args.observed_mfs is not None else [])]:
         if not 0 < value < 1:
-            bad("--mfs" if value in args.mfs else "--observed-mfs",
-                f"a fraction between 0 and 1 is expected, got {value:g}")  # fmt: skip
+            bad(
+                "--mfs" if value in args.mfs else "--observed-mfs",
+                f"a fraction between 0 and 1 is expected, got {value:g}",
+            )
     for value in args.hicache_size:
         if value < 0 or value != int(value):
             bad(
@@ -97,20 +103,30 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.capacity import ModelConfigError
     from tuner.capacity_analysis import CapacityInputs, analyze
+    from tuner.errors import ModelConfigError
     from tuner.modelcfg import load_model_config
 
     _check(args)
     config = load_model_config(args.model_config)
     inputs = CapacityInputs(
-        model_config=config, tp=args.tp, dp=args.dp, kv_dtype=args.kv_dtype,
-        page_size=args.page_size, gpu_mem_mib=args.gpu_mem_mib, weights_gib=args.weights_gib,
-        observed_tokens=args.observed_tokens, observed_mfs=args.observed_mfs,
-        observed_kv_gb=args.observed_kv_gb, mfs=tuple(args.mfs),
-        hicache_sizes_gb=tuple(int(v) for v in args.hicache_size), host_ram_gb=args.host_ram_gb,
-        avg_lens=tuple(args.avg_len), context_len=args.context_len, naive=args.naive,
-    )  # fmt: skip
+        model_config=config,
+        tp=args.tp,
+        dp=args.dp,
+        kv_dtype=args.kv_dtype,
+        page_size=args.page_size,
+        gpu_mem_mib=args.gpu_mem_mib,
+        weights_gib=args.weights_gib,
+        observed_tokens=args.observed_tokens,
+        observed_mfs=args.observed_mfs,
+        observed_kv_gb=args.observed_kv_gb,
+        mfs=tuple(args.mfs),
+        hicache_sizes_gb=tuple(int(v) for v in args.hicache_size),
+        host_ram_gb=args.host_ram_gb,
+        avg_lens=tuple(args.avg_len),
+        context_len=args.context_len,
+        naive=args.naive,
+    )
     try:
         report = analyze(inputs)
     except ModelConfigError as exc:

@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tuner.report import trial_rows, trials_table
-    from tuner.study import best_trial, existing_study
+    from tuner.results import best_trial
+    from tuner.study import existing_study
 
     cfg = load(args)
     study = existing_study(cfg, args.runs_dir, args.storage)

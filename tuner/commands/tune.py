@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -65,83 +64,43 @@ def run(args: argparse.Namespace) -> int:
     import optuna
     from rich.console import Console
 
-    from tuner import runtime
-    from tuner.export import export_data, render_yaml
-    from tuner.objective import TrialRunner
-    from tuner.lifecycle import Server
-    from tuner.study import (
-        Tuning,
-        feasible_trials,
-        make_sampler,
-        make_storage,
-        open_study,
-        storage_url,
-    )  # fmt: skip
+    from tuner.api import Events, tune
+    from tuner.progress import trial_line
 
     cfg = load(args)
     n_trials, timeout = _budget(args, cfg)
     console = Console(stderr=True, soft_wrap=True)
     # our own line per trial says more, and a failed trial is not a traceback the user must read
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    # everything a user can get wrong is checked before the first byte is written
-    api_key = runtime.secret(cfg.target.api_key_env, "target.api_key_env")
-    requests = runtime.requests_for(cfg)
-    hardware = runtime.hardware(cfg)
-    sampler = make_sampler(cfg, args.seed)
-    host = runtime.build_host(cfg.target)
-    url = storage_url(cfg, args.runs_dir, args.storage)
-    study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)
-    out_dir = args.runs_dir / cfg.study
-    worker = args.worker or f"{socket.gethostname()}:{cfg.target.host}"
 
-    server = Server(host, runtime.server_timeouts(cfg.target), http_host=runtime.http_host(cfg.target),
-                    api_key=api_key)  # fmt: skip
-    runner = TrialRunner(
-        cfg, runtime.ServerSeam(server, [api_key] if api_key else []),
-        runtime.load_runner(cfg, requests, api_key),
-        runtime.scorer(cfg), runtime.base_url(cfg.target), hardware,
-        env=runtime.launch_env(cfg.target), secret_flags={"api-key": api_key} if api_key else None,
-        launch_template=runtime.launch_template(cfg.target),
-    )  # fmt: skip
-
-    def stop_group(pgid: int) -> None:
-        server.adopt(pgid, runtime.launch_marker(cfg.target), "", cfg.target.port)
-        server.stop()
-
-    def progress(trial: Any) -> None:
+    def on_trial(trial: Any) -> None:
         if not args.no_progress:
-            console.print(runtime.trial_line(cfg, trial), highlight=False)
+            console.print(trial_line(cfg, trial), highlight=False)
 
-    tuning = Tuning(cfg, study, runner, out_dir / "trials", worker, progress, stop_group)
-    recovered = tuning.recover()
-    if recovered:
-        console.print(
-            f"resumed: trials {recovered} were left running; their params are queued again"
-        )
-    tuning.enqueue_baseline(cfg.hardware.gpu_mem_mib)
+    def on_message(text: str) -> None:
+        console.print(text, highlight=False)
+
     with interrupts():
-        try:
-            tuning.optimize(n_trials, timeout)
-            if cfg.budget.confirm_top and feasible_trials(study):
-                console.print(f"confirming the best {cfg.budget.confirm_top} configs "
-                              f"({cfg.budget.confirm_repeats} more runs each)")  # fmt: skip
-                tuning.confirm(cfg.budget.confirm_top, cfg.budget.confirm_repeats)
-                if tuning.confirm_error:
-                    console.print(f"confirmation stopped early: {tuning.confirm_error}")
-        finally:
-            runner.stop()
-            host.close()
-    s = tuning.stats
+        result = tune(
+            cfg,
+            runs_dir=args.runs_dir,
+            storage=args.storage,
+            worker=args.worker,
+            n_trials=n_trials,
+            timeout_s=timeout,
+            seed=args.seed,
+            events=Events(on_trial, on_message),
+        )
+    if result.confirm_error:
+        console.print(f"confirmation stopped early: {result.confirm_error}")
+    s = result.stats
     console.print(
-        f"this run: {s.launched} launched, {s.rejected} rejected before launch, {runner.reuses} "
+        f"this run: {s.launched} launched, {s.rejected} rejected before launch, {result.reuses} "
         f"server reuses, {s.duplicates} duplicates answered, {s.infra_failures} infrastructure failures"
     )
-    if not feasible_trials(study):
+    if result.best_path is None or result.best_yaml is None:
         console.print(f"no feasible configuration yet: see `tuner status {cfg.source}`")
         return 1
-    text = render_yaml(export_data(cfg, study))
-    best_path = out_dir / "best.yaml"
-    best_path.write_text(text)
-    console.print(f"best launch config written to {best_path}:")
-    sys.stdout.write(text)
+    console.print(f"best launch config written to {result.best_path}:")
+    sys.stdout.write(result.best_yaml)
     return 0

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 
+from tuner.config import SSHSection
 from tuner.errors import CommandTimeout, HostUnreachable, InfraError
 from tuner.hosts.base import CommandResult, ShellHost
 
@@ -15,7 +16,13 @@ from tuner.hosts.base import CommandResult, ShellHost
 class LocalHost(ShellHost):
     """Runs bash scripts as local subprocesses, each in its own session so a deadline kills all."""
 
-    def __init__(self, *, address: str = "127.0.0.1", command_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        *,
+        address: str = "127.0.0.1",
+        # the study file's default deadline of helper commands (target.ssh.command_timeout_s)
+        command_timeout_s: float = SSHSection().command_timeout_s,
+    ):
         self.name = "local"
         self.address = address
         self.command_timeout_s = command_timeout_s

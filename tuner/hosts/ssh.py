@@ -25,40 +25,52 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from tuner.config import SSHSection
 from tuner.errors import CommandTimeout, ConfigError, HostTrustError, HostUnreachable, InfraError
 from tuner.hosts.base import CommandResult, ShellHost
 
 log = logging.getLogger(__name__)
 
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
+
+
+#: the study file's defaults are the only ones: SSHOptions takes its defaults from them
+_D = SSHSection()
+
 
 @dataclass(frozen=True)
 class SSHOptions:
-    """How to reach and trust one SSH host (the study file's `target.ssh` section)."""
+    """How to reach and trust one SSH host (the study file's `target.ssh` section, plus the host).
+
+    The fields mirror `config.SSHSection` (where each is documented) and take their defaults
+    from it; `ssh_config` None there means ~/.ssh/config, "" means none.
+    """
 
     #: host name, address or ~/.ssh/config alias
     host: str
-    user: str | None = None
-    port: int | None = None
-    identity_file: str | None = None
-    #: known_hosts file checked with RejectPolicy; None = ~/.ssh/known_hosts
-    known_hosts: str | None = None
-    #: accept a host key missing from known_hosts (this session only; a changed key is refused)
-    trust_unknown_host_key: bool = False
-    #: OpenSSH client config for aliases (HostName, User, Port, IdentityFile, ProxyJump); "" = none
-    ssh_config: str | None = "~/.ssh/config"
-    #: name of an environment variable holding the password (the value is never logged)
-    password_env: str | None = None
-    use_agent: bool = True
-    #: also try ~/.ssh/id_* keys (paramiko's look_for_keys)
-    look_for_keys: bool = True
-    connect_timeout_s: float = 10.0
-    banner_timeout_s: float = 15.0
-    auth_timeout_s: float = 15.0
-    channel_timeout_s: float = 10.0
-    #: default deadline of helper commands
-    command_timeout_s: float = 30.0
-    #: connection attempts before HostUnreachable
-    reconnect_attempts: int = 3
+    user: str | None = _D.user
+    port: int | None = _D.port
+    identity_file: str | None = _D.identity_file
+    known_hosts: str | None = _D.known_hosts
+    trust_unknown_host_key: bool = _D.trust_unknown_host_key
+    ssh_config: str | None = DEFAULT_SSH_CONFIG
+    password_env: str | None = _D.password_env
+    use_agent: bool = _D.use_agent
+    look_for_keys: bool = _D.look_for_keys
+    connect_timeout_s: float = _D.connect_timeout_s
+    banner_timeout_s: float = _D.banner_timeout_s
+    auth_timeout_s: float = _D.auth_timeout_s
+    channel_timeout_s: float = _D.channel_timeout_s
+    command_timeout_s: float = _D.command_timeout_s
+    reconnect_attempts: int = _D.reconnect_attempts
+
+    @classmethod
+    def from_section(cls, host: str, section: SSHSection) -> SSHOptions:
+        """Options for `host` from a validated `target.ssh` section (field names are shared)."""
+        values = section.model_dump()
+        if values["ssh_config"] is None:
+            values["ssh_config"] = DEFAULT_SSH_CONFIG
+        return cls(host=host, **values)
 
 
 class _UnknownHostKey(paramiko.SSHException):

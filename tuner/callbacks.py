@@ -1,0 +1,93 @@
+"""What happens after each trial, as optuna callbacks: retries, concurrency probes, progress.
+
+Each is a small callable `(study, frozen_trial) -> None` with one job, so the loop in
+tuning.py only lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config import BudgetSection, ParamSpec
+from tuner.results import completed, measured_before
+from tuner.trial import Attr, Status
+
+#: a probe moves concurrency up (SLOs held) or down (missed) by this factor
+PROBE_FACTOR = 1.5
+
+
+class RetryInfraFailures:
+    """Re-enqueue the params of a trial the infrastructure failed, at most `max_retries` times."""
+
+    def __init__(self, max_retries: int):
+        self.max_retries = max_retries
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.state != TrialState.FAIL or Attr.INFRA_ERROR not in trial.user_attrs:
+            return
+        retries = int(trial.user_attrs.get(Attr.RETRIES, 0))
+        if retries < self.max_retries:
+            study.enqueue_trial(
+                dict(trial.params),
+                user_attrs={Attr.RETRIES: retries + 1, Attr.RETRY_OF: trial.number},
+            )
+
+
+class ProbeConcurrency:
+    """After a fresh server measured, queue the same server at a neighbouring concurrency:
+    measuring it costs no restart. Up by PROBE_FACTOR while the SLOs hold, down when missed."""
+
+    def __init__(
+        self,
+        spec: ParamSpec | None,
+        budget: BudgetSection,
+        n_trials: int | None = None,
+    ):
+        self.spec = spec
+        self.probes = budget.concurrency_probes
+        self.n_trials = n_trials
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        a = trial.user_attrs
+        fresh = a.get(Attr.RESTARTED) or Attr.PROBE_OF in a
+        if trial.state != TrialState.COMPLETE or not fresh or self.spec is None:
+            return
+        probes_left = int(a.get(Attr.PROBES_LEFT, self.probes))
+        if probes_left <= 0 or a.get(Attr.STATUS) not in (Status.OK, Status.SLO_MISSED):
+            return
+        if "concurrency" not in trial.params or a.get(Attr.DUPLICATE_OF) is not None:
+            return
+        if self.n_trials is not None and len(completed(study)) >= self.n_trials:
+            return
+        c = int(trial.params["concurrency"])
+        target = self._next(c, up=a.get(Attr.STATUS) == Status.OK)
+        if target is None or target == c:
+            return
+        params = {**trial.params, "concurrency": target}
+        if measured_before(study, params, -1) is None:
+            study.enqueue_trial(
+                params, user_attrs={Attr.PROBE_OF: trial.number, Attr.PROBES_LEFT: probes_left - 1}
+            )
+
+    def _next(self, c: int, up: bool) -> int | None:
+        spec = self.spec
+        assert spec is not None
+        if spec.choices:
+            ladder = sorted({int(x) for x in spec.choices})
+            i = ladder.index(c) + (1 if up else -1) if c in ladder else -1
+            return ladder[i] if 0 <= i < len(ladder) else None
+        target = round(c * PROBE_FACTOR) if up else round(c / PROBE_FACTOR)
+        return int(min(max(target, spec.low or 1), spec.high or target))
+
+
+class Progress:
+    """Hands every finished trial to a presentation callback (e.g. one line per trial)."""
+
+    def __init__(self, on_trial: Callable[[FrozenTrial], None]):
+        self.on_trial = on_trial
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.on_trial(trial)

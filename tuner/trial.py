@@ -1,0 +1,206 @@
+"""The trial record: what one trial measured or why it could not, and how it is stored. Pure.
+
+Every fact about a trial that more than one module reads lives here once:
+
+- `Status`: what happened to the configuration (measured, missed its SLOs, rejected, ...);
+- `Attr`: the optuna user-attribute keys a trial is stored under;
+- `is_feasible`: the one feasibility rule (every constraint <= 0, optuna's convention);
+- `TrialOutcome` with `to_attrs()` / `from_attrs()`: the record itself, written and read back.
+
+Every completed trial carries the same constraint keys (GPSampler requires it): `c_start` is 1
+when the server could not run the config (pre-check rejection, failed start, death under load);
+the latency ones are observed/limit - 1, or -1 when no limit is set; `c_errors` is the error
+rate above the limit, or -1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tuner.config import ObjectiveSection
+
+CONSTRAINT_KEYS = ("c_start", "c_ttft", "c_tpot", "c_itl", "c_e2e", "c_errors")
+SLO_METRICS = {  # constraint key -> (slo field, metrics JSON key)
+    "c_ttft": ("p99_ttft_ms", "p99_ttft_ms"),
+    "c_tpot": ("p99_tpot_ms", "p99_tpot_ms"),
+    "c_itl": ("p99_itl_ms", "p99_itl_ms"),
+    "c_e2e": ("p99_e2e_latency_ms", "p99_e2e_latency_ms"),
+}
+#: second objective of a configuration that did not run (pareto mode): worse than anything measured
+PESSIMISTIC_LATENCY_MS = 1e7
+
+
+class Status(StrEnum):
+    """What happened to a trial's configuration."""
+
+    OK = "ok"  # measured, every SLO held
+    SLO_MISSED = "slo_missed"  # measured, an SLO missed
+    REJECTED = "rejected"  # the pre-check knew it cannot start: no restart spent
+    START_FAILED = "start_failed"  # the server could not start with these flags
+    DIED = "died"  # the server died under load
+    FLAGGED = "flagged"  # the load run measured the client, not the server: not trusted
+
+    @property
+    def measured(self) -> bool:
+        """A load run scored this configuration."""
+        return self in (Status.OK, Status.SLO_MISSED)
+
+
+_STATUS_VALUES = frozenset(s.value for s in Status)
+
+
+class Attr(StrEnum):
+    """Optuna user-attribute keys of a trial (what `tuner status`, export and report read)."""
+
+    STATUS = "status"
+    REASON = "reason"
+    FAILURE = "failure"  # the server's failure class (tuner.sglang.failures.FailureClass)
+    METRICS = "metrics"  # the load run's JSON (bench_serving's keys)
+    SERVER_INFO = "server_info"  # what the started server reported (pool size, version, ...)
+    RESTARTED = "restarted"  # this trial restarted the server (else it reused the running one)
+    LAUNCHED = "launched"  # a server process was started for it
+    WORKER = "worker"
+    DUPLICATE_OF = "duplicate_of"  # answered from this earlier trial, nothing run
+    INFRA_ERROR = "infra_error"  # the world failed: why (the trial is FAIL)
+    SERVER_PGID = "server_pgid"  # process group of the server this trial started
+    RETRIES = "retries"  # how many times these params were re-run after an infra failure
+    RETRY_OF = "retry_of"
+    PROBE_OF = "probe_of"  # a neighbouring concurrency on the server this trial started
+    PROBES_LEFT = "probes_left"
+    BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
+
+
+#: the attributes an outcome writes; copied as a whole when a duplicate is answered
+OUTCOME_ATTRS = (
+    Attr.STATUS,
+    Attr.REASON,
+    Attr.FAILURE,
+    Attr.METRICS,
+    Attr.SERVER_INFO,
+    Attr.RESTARTED,
+    Attr.LAUNCHED,
+)
+
+
+def is_feasible(constraints: Mapping[str, float]) -> bool:
+    """The feasibility rule: constraints were recorded and every one is <= 0."""
+    return bool(constraints) and all(v <= 0 for v in constraints.values())
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What one trial measured or why it could not; tuning.py turns it into an optuna state."""
+
+    status: Status
+    values: tuple[float, ...]
+    constraints: Mapping[str, float]
+    reason: str = ""
+    failure: str | None = None  # server failure class (oom_cuda_graph, host_memory, ...)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    server_info: Mapping[str, Any] = field(default_factory=dict)
+    restarted: bool = False
+    launched: bool = False
+    flags: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return is_feasible(self.constraints)
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attributes this outcome is stored under (JSON-safe)."""
+        return {
+            Attr.STATUS: str(self.status),
+            Attr.REASON: self.reason,
+            Attr.FAILURE: None if self.failure is None else str(self.failure),
+            Attr.METRICS: _json_safe(self.metrics),
+            Attr.SERVER_INFO: _json_safe(self.server_info),
+            Attr.RESTARTED: self.restarted,
+            Attr.LAUNCHED: self.launched,
+        }
+
+    @classmethod
+    def from_attrs(
+        cls,
+        attrs: Mapping[str, Any],
+        values: tuple[float, ...] | None = None,
+        constraints: Mapping[str, float] | None = None,
+    ) -> TrialOutcome | None:
+        """An outcome read back from a stored trial; None for a trial that recorded none."""
+        status = attrs.get(Attr.STATUS)
+        if status not in _STATUS_VALUES:
+            return None
+        return cls(
+            Status(status),
+            tuple(values or ()),
+            dict(constraints or {}),
+            attrs.get(Attr.REASON) or "",
+            attrs.get(Attr.FAILURE),
+            dict(attrs.get(Attr.METRICS) or {}),
+            dict(attrs.get(Attr.SERVER_INFO) or {}),
+            bool(attrs.get(Attr.RESTARTED)),
+            bool(attrs.get(Attr.LAUNCHED)),
+        )
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def slo_constraints(objective: ObjectiveSection, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The constraint values of a measured run (all keys; <= 0 is within the limit)."""
+    out = {"c_start": -1.0}
+    slo = objective.slo
+    for key, (slo_field, metric_key) in SLO_METRICS.items():
+        limit = getattr(slo, slo_field)
+        out[key] = -1.0 if limit is None else float(metrics.get(metric_key, 0.0)) / limit - 1.0
+    rate = float(metrics.get("error_rate", 0.0))
+    out["c_errors"] = rate - slo.max_error_rate if rate > slo.max_error_rate else -1.0
+    return out
+
+
+def objective_values(objective: ObjectiveSection, metrics: Mapping[str, Any]) -> tuple[float, ...]:
+    """The study's objective(s) from one run's metrics.
+
+    A duration-bounded run cuts the requests still in flight at its end; counting only completed
+    requests would score long requests at high concurrency as zero, so the window figure (all
+    tokens received in the window / duration) is the score where the load run reports it.
+    """
+    metric = objective.metric
+    main = float(metrics.get(f"window_{metric}", metrics.get(metric, 0.0)))
+    if objective.pareto_latency:
+        return (main, float(metrics.get(objective.pareto_latency, PESSIMISTIC_LATENCY_MS)))
+    return (main,)
+
+
+def measured_outcome(
+    objective: ObjectiveSection,
+    metrics: Mapping[str, Any],
+    *,
+    client_lagged: bool,
+    **kw: Any,
+) -> TrialOutcome:
+    """A configuration that ran its load: scored, with its SLO verdict."""
+    constraints = slo_constraints(objective, metrics)
+    values = objective_values(objective, metrics)
+    status, reason = Status.OK, ""
+    if client_lagged:
+        status, reason = Status.FLAGGED, "load run not trusted: the client lagged"
+    elif not is_feasible(constraints):
+        missed = [k.removeprefix("c_") for k, v in constraints.items() if v > 0]
+        status, reason = Status.SLO_MISSED, "missed SLO: " + ", ".join(missed)
+    return TrialOutcome(status, values, constraints, reason, None, metrics, **kw)
+
+
+def failed_outcome(
+    objective: ObjectiveSection, status: Status, reason: str, failure: str | None, **kw: Any
+) -> TrialOutcome:
+    """A configuration that could not run: pessimistic value, start constraint violated."""
+    values: tuple[float, ...] = (0.0,)
+    if objective.pareto_latency:
+        values = (0.0, PESSIMISTIC_LATENCY_MS)
+    constraints = dict.fromkeys(CONSTRAINT_KEYS, 1.0)
+    return TrialOutcome(status, values, constraints, reason, failure, **kw)
