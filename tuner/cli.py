@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from tuner import __version__
-from tuner.errors import InfraError, TunerError
+from tuner.errors import HaltError, InfraError, TunerError
 
 COMMANDS = ("tune", "status", "export", "report", "capacity", "bench", "sim")
 
@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except InfraError as exc:
         print(f"tuner: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except HaltError as exc:
+        print(f"tuner: stopped: {exc} (run the same command again to resume)", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)

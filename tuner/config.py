@@ -285,6 +285,8 @@ class BudgetSection(Model):
     confirm_top: int = Field(3, ge=0)
     confirm_repeats: int = Field(2, ge=1)
     infra_retries: int = Field(2, ge=0)
+    #: this many trials in a row failing for the world's reasons stop the study (exit 1)
+    max_consecutive_infra_failures: int = Field(3, ge=1)
     #: after a new server measures, try this many neighbouring concurrencies on it (no restart):
     #: up by 1.5x while the SLOs hold, down by 1.5x when they are missed
     concurrency_probes: int = Field(1, ge=0, le=4)

@@ -8,10 +8,18 @@
     │   ├── InputFileError      a data file the user gave: model config.json, workload dataset
     │   ├── ModelConfigError    a model config lacks a field the KV calculus needs
     │   ├── HostTrustError      SSH host key unknown or changed, authentication refused
-    │   └── StudyMismatchError  resuming a study whose fingerprint changed
-    └── InfraError            the world failed, not the config: a trial becomes FAIL and is retried
-        ├── HostUnreachable     cannot connect, or the connection dropped
-        └── CommandTimeout      a remote or local command ran past its deadline
+    │   ├── StudyMismatchError  resuming a study whose fingerprint changed
+    │   ├── StudyBusyError      the same study and worker is already running in another process
+    │   └── SetupError          the target cannot run any trial (launch command missing, ...)
+    ├── InfraError            the world failed, not the config: a trial becomes FAIL and is retried
+    │   ├── HostUnreachable     cannot connect, or the connection dropped
+    │   ├── CommandTimeout      a remote or local command ran past its deadline
+    │   ├── ServerHung          the server's process lives but stopped answering
+    │   └── TrialTimeout        the trial ran past budget.trial_timeout
+    └── HaltError             the world failed in a way retrying cannot fix: the study stops,
+        │                     one line, exit 1, and the same command resumes it later
+        ├── PortHeldError       the server port is held by a process the tuner did not start
+        └── InfraRunaway        budget.max_consecutive_infra_failures reached
 
 A server that fails to start *because of its flags* (OOM, host memory) is not an exception
 here: `lifecycle.py` returns it as a classified outcome, and the study records it as infeasible.
@@ -60,6 +68,16 @@ class StudyMismatchError(TunerError):
     """An existing study was made from a different study file (search space, workload, ...)."""
 
 
+class StudyBusyError(TunerError):
+    """Another live process runs the same study as the same worker (its lock is held)."""
+
+
+class SetupError(TunerError):
+    """Certainly the user's setup, not a configuration or a passing fault: the launch command
+    is not found or not executable, the working directory is missing, permission denied.
+    The study stops at the first trial that shows it."""
+
+
 class InfraError(Exception):
     """Infrastructure failed (not the configuration): the trial fails and may be retried."""
 
@@ -70,3 +88,26 @@ class HostUnreachable(InfraError):
 
 class CommandTimeout(InfraError):
     """A command on a host ran past its deadline."""
+
+
+class ServerHung(InfraError):
+    """The server's process group is alive but it stopped answering (/health, requests)."""
+
+
+class TrialTimeout(InfraError):
+    """The trial ran past `budget.trial_timeout`; its server was stopped."""
+
+
+class HaltError(Exception):
+    """Retrying cannot fix this: stop the study (one line, exit 1); rerunning resumes it.
+
+    Deliberately not an InfraError, so optuna's `catch=` lets it end `optimize`.
+    """
+
+
+class PortHeldError(HaltError):
+    """The server's port is held by a process the tuner cannot attribute to itself."""
+
+
+class InfraRunaway(HaltError):
+    """Too many consecutive trials failed for the world's reasons: something is down."""
