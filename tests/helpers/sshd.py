@@ -61,6 +61,26 @@ class Sshd:
         )
         return replace(base, **over)  # type: ignore[arg-type]
 
+    def known_hosts_at(self, port: int, directory: Path) -> Path:
+        """A known_hosts file with this sshd's key under another port (a relay in front)."""
+        key = self.known_hosts.read_text().split(None, 1)[1]
+        path = directory / f"known_hosts-{port}"
+        path.write_text(f"[127.0.0.1]:{port} {key}")
+        return path
+
+    def relayed(self, port: int, directory: Path) -> SSHOptions:
+        """Options through a relay on `port`: short deadlines, few retries, so cuts show fast."""
+        return self.options(
+            port=port,
+            known_hosts=str(self.known_hosts_at(port, directory)),
+            connect_timeout_s=3.0,
+            banner_timeout_s=3.0,
+            auth_timeout_s=3.0,
+            channel_timeout_s=3.0,
+            command_timeout_s=10.0,
+            reconnect_attempts=2,
+        )
+
 
 def require_sshd() -> None:
     """Fail in CI, skip elsewhere, when OpenSSH's server is not installed."""

@@ -45,7 +45,10 @@ def test_real_names_and_prefixes(argv, key, value):
         (["--schedule-policy", "best"], "invalid choice: 'best'"),
         (["--mem_fraction_static", "0.8"], "unrecognized arguments"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["--sim-fault", "crash"], "unrecognized arguments: --sim-fault crash"),  # no such flag
+        (
+            ["--sim-fault", "crash"],
+            "argument --sim-fault: unknown fault kind 'crash'",
+        ),  # no such flag
         (["--sim-startup-seconds", "-1"], "must be >= 0"),
     ],
 )

@@ -4,10 +4,14 @@ Exit codes, as SGLang's process tree shows them to a shell:
   0    SIGTERM: drained and shut down
   1    an exception in the main process (argument check such as HiCache + --disable-radix-cache,
        uvicorn failing to bind a port in use)
-  2    argparse rejected a flag; a bad `--config` file or profile (one line naming file and key)
+  2    argparse rejected a flag (one line, without argparse's 60-line usage), a bad `--sim-fault`
+       spec or `--port`; a bad `--config` file, profile or `--sim-fault-state` file (one line
+       naming file and key)
   137  a scheduler child failed (start-up OOM, HiCache host memory, prefill OOM under load): SGLang's
        parent SIGKILLs its whole tree, so a shell sees 128 + 9. The simulator exits with 137 rather
        than killing itself, so Popen sees 137 where real SGLang gives -9: classify both as a crash.
+  -9   (137 in a shell) `--sim-fault crash-start` / `crash-load`: a SIGKILL with no message, the
+       world's failure (faults.py)
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 
 from tuner.errors import ModelConfigError, TunerError
 from tuner.sim.bootstrap import build_engine
+from tuner.sim.faults import Faults, next_launch_index
 from tuner.sim.flags import FlagError, parse_flags
 from tuner.sim.profile import load_profile
 from tuner.sim.realtime import SimServer
@@ -33,8 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parse_flags(args)
         profile = load_profile(ns.sim_profile)
         script = build_script(ns, profile)
+        launch = next_launch_index(ns.sim_fault_state) if ns.sim_fault_state else 0
     except FlagError as exc:
-        sys.stderr.write(exc.usage + exc.message + "\n")
+        # one line: SGLang's usage text is 60 lines and the message alone names the flag
+        sys.stderr.write(exc.message + "\n")
         return EXIT_USAGE
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
@@ -44,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TunerError as exc:
         print(f"tuner sim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    server = SimServer(ns, profile, script, lambda: build_engine(ns, profile, script))
+    faults = Faults(ns.sim_fault, ns.sim_seed, launch)
+    server = SimServer(ns, profile, script, lambda: build_engine(ns, profile, script), faults)
     return asyncio.run(server.run())
 
 

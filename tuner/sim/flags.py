@@ -5,7 +5,8 @@ rejects is rejected here too (exit 2, argparse's message). `--tp`/`--dp` work as
 argparse prefix matching (allow_abbrev). `--config FILE.yaml` is expanded the way SGLang's
 ConfigArgumentMerger does it: each key becomes `--KEY` verbatim, store_true keys emit the bare
 flag when true and nothing when false, lists become several values, and flags on the command line
-override the file. The `--sim-*` flags are the simulator's own.
+override the file. The `--sim-*` flags are the simulator's own (`--sim-fault`: see faults.py).
+`--port` must be 1 to 65535 (an argparse error, exit 2, rather than a traceback at bind time).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 from tuner.errors import InputFileError
 from tuner.sglang.flags import DEFAULT_VERSION, add_to_parser
+from tuner.sim.faults import add_fault_flags
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
 DEFAULT_STARTUP_SECONDS = 1.5
@@ -48,10 +50,24 @@ def _non_negative_float(value: str) -> float:
     return number
 
 
+def _port(value: str) -> int:
+    """argparse type of --port: an integer TCP port (SGLang would fail later, at bind time)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port: {value} (expected 1 to 65535)")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The launch_server parser: SGLang's flags (with `--config`) plus the simulator's `--sim-*`."""
     p = _Parser(prog="launch_server.py", description="Simulated SGLang server (no GPU).")
     add_to_parser(p, DEFAULT_VERSION)
+    for action in p._actions:
+        if action.dest == "port":
+            action.type = _port  # an out-of-range port is a usage error, not a bind traceback
     a = p.add_argument
     a("--sim-profile", type=str, default=DEFAULT_PROFILE, help="profile name or YAML path")
     a("--sim-startup-seconds", type=_non_negative_float, default=DEFAULT_STARTUP_SECONDS)
@@ -61,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="noise seed (default: a fresh one per start, so runs differ as on real hardware)",
     )
+    add_fault_flags(a)
     return p
 
 

@@ -19,9 +19,12 @@ from tuner.sim.httpcommon import (
     SSE_HEADERS,
     BadRequest,
     SimBackend,
+    StreamCut,
     backend,
+    cut_connection,
     error_response,
     ids_from,
+    now,
     read_json,
     send_sse,
     start_request,
@@ -76,15 +79,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
                     "meta_info": _meta(st, loop_time()),
                 }
             )
+        cut = srv.faults.cut_after(loop_time(), srv.log)
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        async for _ in updates(srv, st):
-            chunk = {
-                "text": st.text(),
-                "output_ids": list(st.output_ids()),
-                "meta_info": _meta(st, loop_time()),
-            }
-            await send_sse(resp, chunk)
+        try:
+            async for _ in updates(srv, st, cut):
+                chunk = {
+                    "text": st.text(),
+                    "output_ids": list(st.output_ids()),
+                    "meta_info": _meta(st, loop_time()),
+                }
+                await send_sse(resp, chunk)
+        except StreamCut:
+            return cut_connection(request, resp)
         await send_sse(resp, "[DONE]")
         return resp
     finally:
@@ -92,14 +99,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    """GET /health: 200 once ready, 503 while starting or draining."""
-    return web.Response(status=200 if backend(request).state == "ready" else 503)
+    """GET /health: 200 once ready, 503 while starting or draining (or flapping, a fault)."""
+    srv = backend(request)
+    ok = srv.state == "ready" and not srv.faults.health_fails(now(request), srv.log)
+    return web.Response(status=200 if ok else 503)
 
 
 async def health_generate(request: web.Request) -> web.Response:
     """GET /health_generate: a one-token generation must come back within 20 s."""
     srv = backend(request)
-    if srv.state != "ready":
+    if srv.state != "ready" or srv.faults.health_fails(now(request), srv.log):
         return web.Response(status=503)
     st = srv.submit(tokens.encode("health check"), 1, True)
     try:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, QueueFull
+from tuner.sim.faults import PREFIX, Faults
 from tuner.sim.profile import Profile
 from tuner.sim.promtext import Histograms
 from tuner.sim.reqstate import ReqState
@@ -38,6 +39,8 @@ class SimBackend(Protocol):
     requests: Mapping[str, ReqState]
     hist: Histograms
     served_model_name: str
+    faults: Faults
+    log: Callable[[str], None]
 
     def server_args(self) -> dict[str, Any]: ...
 
@@ -52,6 +55,22 @@ class SimBackend(Protocol):
 
 class BadRequest(Exception):
     """A request SGLang would refuse with 400 (the message is SGLang's)."""
+
+
+class StreamCut(Exception):
+    """An injected cut-stream fault: the handler closes the connection mid-body."""
+
+
+def now(request: web.Request) -> float:
+    """The event loop's clock, which the engine loop and the faults use too."""
+    return request.app["loop_time"]()
+
+
+def cut_connection(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+    """Close the connection after what was already written: no final chunk, no [DONE]."""
+    if request.transport is not None:
+        request.transport.close()  # aiohttp's write_eof then meets a closed transport, and stops
+    return resp
 
 
 def backend(request: web.Request) -> SimBackend:
@@ -144,6 +163,10 @@ async def start_request(
             else "The server is shutting down."
         )
         return error_response(message, 503, openai)
+    srv.faults.on_request()
+    status = srv.faults.http_error(now(request), srv.log)
+    if status is not None:
+        return error_response(f"{PREFIX} http-5xx: simulated server error", status, openai)
     try:
         check_input(srv, ids, max_new)
     except BadRequest as exc:
@@ -159,21 +182,26 @@ async def start_request(
         return error_response("The request queue is full.", 503, openai)
 
 
-async def updates(srv: SimBackend, st: ReqState) -> AsyncIterator[int]:
+async def updates(srv: SimBackend, st: ReqState, cut: int | None = None) -> AsyncIterator[int]:
     """Yield each time there is something to send: new tokens (>= stream_interval) or the end.
 
     Yields how many tokens were sent before. Waiting on the request's event means that tokens
     delivered while the client was slow are sent together, in one chunk: SGLang's coalescing
-    under load.
+    under load. With `cut` (a cut-stream fault) it raises StreamCut once `cut` tokens were
+    sent, or before the last chunk of a shorter response.
     """
     sent = 0
     interval = max(1, srv.ns.stream_interval)
     while True:
         await st.event.wait()
         st.event.clear()
+        if cut is not None and st.finished:
+            raise StreamCut
         if st.finished or st.completion_tokens - sent >= interval:
             yield sent
             sent = st.completion_tokens
+            if cut is not None and sent >= cut:
+                raise StreamCut
         if st.finished:
             return
 

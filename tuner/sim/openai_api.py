@@ -18,9 +18,12 @@ from tuner.sim.httpcommon import (
     SSE_HEADERS,
     BadRequest,
     SimBackend,
+    StreamCut,
     backend,
+    cut_connection,
     error_response,
     ids_from,
+    now,
     read_json,
     send_sse,
     start_request,
@@ -148,20 +151,24 @@ async def _stream(
 ) -> web.StreamResponse:
     """Text deltas as they come; chat opens with a role chunk and ends with an empty delta."""
     st = reply.st
+    cut = srv.faults.cut_after(now(request), srv.log)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     if reply.chat:
         await send_sse(resp, reply.chunk({"delta": {"role": "assistant", "content": ""}}))
-    async for sent in updates(srv, st):
-        delta = st.text(sent)
-        finish = _finish(st.finish_reason) if st.finished else None
-        if reply.chat:
-            if delta:
-                await send_sse(resp, reply.chunk({"delta": {"content": delta}}))
-            if finish is not None:
-                await send_sse(resp, reply.chunk({"delta": {}}, finish))
-        elif delta or finish is not None:
-            await send_sse(resp, reply.chunk({"text": delta}, finish))
+    try:
+        async for sent in updates(srv, st, cut):
+            delta = st.text(sent)
+            finish = _finish(st.finish_reason) if st.finished else None
+            if reply.chat:
+                if delta:
+                    await send_sse(resp, reply.chunk({"delta": {"content": delta}}))
+                if finish is not None:
+                    await send_sse(resp, reply.chunk({"delta": {}}, finish))
+            elif delta or finish is not None:
+                await send_sse(resp, reply.chunk({"text": delta}, finish))
+    except StreamCut:
+        return cut_connection(request, resp)
     if include_usage:
         await send_sse(resp, reply.usage_chunk())
     await send_sse(resp, "[DONE]")

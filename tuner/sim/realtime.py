@@ -11,6 +11,8 @@ Life of a process:
      then hands each TokenEvent to its waiting request (O(events) per step). A stream writes
      whatever accumulated since its last write, so chunks coalesce when the loop runs behind.
   5. SIGTERM: log, /health 503, drain in-flight requests, exit 0. EngineOOM: crash, exit 137.
+Injected faults (`--sim-fault`, faults.py) hook into steps 2 (crash, hang, slow start-up) and 4
+(crash, hang once serving; the per-request ones in the HTTP handlers).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from tuner.sim import faults as fault_actions
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, EngineOOM, TokenEvent
+from tuner.sim.faults import Faults, FaultSpec
 from tuner.sim.flags import server_args_dict
 from tuner.sim.httpapi import add_routes
 from tuner.sim.profile import Profile
@@ -77,6 +81,7 @@ class SimServer:
         profile: Profile,
         script: Script,
         engine_factory: Callable[[], Engine],
+        faults: Faults | None = None,
         stream: TextIO = sys.stderr,
     ):
         self.ns = ns
@@ -96,6 +101,9 @@ class SimServer:
         self.hist = Histograms()
         self.last_gen_throughput = 0.0
         self.served_model_name = script.defaults.served_model_name
+        self.faults = faults or Faults()
+        self._start_fault: FaultSpec | None = None
+        self._fault_tasks: list[asyncio.Task] = []
 
     # --- start-up ------------------------------------------------------------------------
 
@@ -140,22 +148,42 @@ class SimServer:
                 await asyncio.wait_for(self.stop.wait(), delay)
         return self.stop.is_set()
 
+    async def _at(self, when: float, t0: float, total: float) -> int | None:
+        """Sleep until `when`; an exit code if start-up ends first (SIGTERM, an injected fault)."""
+        fault = self._start_fault
+        if fault is not None and t0 + fault.at * total <= when:
+            self._start_fault = None
+            if await self._until(t0 + fault.at * total):
+                return 0
+            self.log(fault_actions.fired_line(fault))
+            if fault.kind == "crash-start":
+                fault_actions.die()
+            await self.stop.wait()  # hang-start: alive, /health 503, until SIGTERM
+            return 0
+        return 0 if await self._until(when) else None
+
     async def _play_script(self, t0: float) -> int | None:
         """Print the start-up lines on schedule; an exit code if start-up fails or is stopped."""
-        total = self.ns.sim_startup_seconds
+        total = self.ns.sim_startup_seconds + self.faults.extra_startup_s
+        self._start_fault = self.faults.start_fault()
         args = ", ".join(f"{k}={v!r}" for k, v in self.server_args().items())
         self.log(f"server_args=ServerArgs({args})")
+        summary = self.faults.summary()
+        if summary is not None:
+            self.log(summary)
         for phase in self.script.phases:
-            if await self._until(t0 + phase.at * total):
-                return 0
+            if (code := await self._at(t0 + phase.at * total, t0, total)) is not None:
+                return code
             for line in phase.lines:
                 self.log(line.text, scheduler=line.scheduler)
         if self.script.failure is not None:
-            if await self._until(t0 + self.script.failure.at * total):
-                return 0
+            if (code := await self._at(t0 + self.script.failure.at * total, t0, total)) is not None:
+                return code
             return self._print_failure()
-        if await self._until(t0 + self.script.bind_at * total):
-            return 0
+        if (code := await self._at(t0 + self.script.bind_at * total, t0, total)) is not None:
+            return code
+        if self._start_fault is not None:  # due after the last start-up step (at close to 1)
+            return await self._at(t0 + total, t0, total)
         return None
 
     async def run(self) -> int:
@@ -210,6 +238,7 @@ class SimServer:
             if self.crash is None and not self.stop.is_set():
                 self.state = "ready"
                 self.log("The server is fired up and ready to roll!")
+                self._arm_load_faults()
             await self.stop.wait()
             if self.crash is not None:
                 return self._print_crash(self.crash)
@@ -221,9 +250,28 @@ class SimServer:
             self.log("Graceful shutdown complete.")
             return 0
         finally:
-            loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
+            for task in (loop_task, *self._fault_tasks):
+                task.cancel()
+            for task in (loop_task, *self._fault_tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _arm_load_faults(self) -> None:
+        """Ready: serving time starts for the faults; one watcher per armed crash/hang-load."""
+        loop = asyncio.get_running_loop()
+        self.faults.mark_ready(loop.time())
+        for spec in self.faults.load_faults():
+            self._fault_tasks.append(asyncio.create_task(self._load_fault(spec)))
+
+    async def _load_fault(self, spec: FaultSpec) -> None:
+        await self.faults.wait_due(spec, asyncio.get_running_loop().time)
+        if self.state != "ready":
+            return  # draining: SIGTERM came first
+        self.log(fault_actions.fired_line(spec))
+        if spec.kind == "crash-load":
+            fault_actions.die()
+        else:
+            fault_actions.hang(spec.how)
 
     async def _warmup(self) -> None:
         ids = tokens.encode("The capital city of France is")
