@@ -7,14 +7,16 @@ them, so the exported launch config is `server` plus the winning `space` values.
 
 from __future__ import annotations
 
+import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError
+from tuner.yamlfile import special_file
 
 FLAG_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 #: search-space keys that are the client's, not the server's: changing them needs no restart
@@ -23,6 +25,12 @@ Scalar = str | int | float | bool
 FlagValue = Scalar | list[Scalar]
 Comparison = Literal["gt", "ge", "lt", "le", "ne"]
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+#: the longest wait or run any duration may ask for: a week (a night's budget, with room)
+MAX_DURATION_S = 7 * 86400.0
+#: the longest request length (tokens) without a model config to give the context length
+MAX_TOKENS = 1_000_000
+#: client concurrency beyond this is a typo, not a load (each slot is an open connection)
+MAX_CONCURRENCY = 10_000
 
 
 def parse_duration(value: str | float | int) -> float:
@@ -36,18 +44,20 @@ def parse_duration(value: str | float | int) -> float:
         if not m:
             raise ValueError(f"expected a duration like 90s, 15m or 8h, got {value!r}")
         seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    if seconds <= 0:
-        raise ValueError(f"a duration must be positive, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"a duration must be positive and finite, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"a duration must be at most 7d ({MAX_DURATION_S:g} s), got {value!r}")
     return seconds
 
 
-Duration = Annotated[float, Field(gt=0)]
+Duration = Annotated[float, Field(gt=0, le=MAX_DURATION_S)]
 
 
 class Model(BaseModel):
-    """Strict, immutable base: unknown keys are errors."""
+    """Strict, immutable base: unknown keys are errors, `true` is not 1, floats are finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class SSHSection(Model):
@@ -93,6 +103,8 @@ class TargetSection(Model):
     port: int = Field(30000, ge=1, le=65535)
     http_host: str | None = None  # address the tuner reaches the server at (default: the host)
     api_key_env: str | None = None  # environment variable holding --api-key; never stored
+    #: real SGLang flags tuner's table lacks: passed as given, SGLang judges them (studycheck)
+    unchecked_flags: list[str] = []
     timeouts: Timeouts = Timeouts()
 
     @field_validator("launch")
@@ -212,9 +224,12 @@ class WorkloadSection(Model):
         "dataset_output_len",
     )
     @classmethod
-    def _at_least_one(cls, v: int | None) -> int | None:
+    def _at_least_one(cls, v: int | None, info: Any) -> int | None:
         if v is not None and v < 1:
             raise ValueError(f"must be >= 1 (got {v})")
+        if v is not None and info.field_name.endswith("_len") and v > MAX_TOKENS:
+            # the whole request list is built in memory up front: lengths are bounded
+            raise ValueError(f"must be at most {MAX_TOKENS:,} tokens (got {v:,})")
         return v
 
     @field_validator("prefix_len", "warmup_requests")
@@ -222,13 +237,17 @@ class WorkloadSection(Model):
     def _not_negative(cls, v: int) -> int:
         if v < 0:
             raise ValueError(f"must be >= 0 (got {v})")
+        if v > MAX_TOKENS:
+            raise ValueError(f"must be at most {MAX_TOKENS:,} (got {v:,})")
         return v
 
     @field_validator("lognormal_sigma", "duration_s", "request_rate", "request_timeout_s")
     @classmethod
-    def _positive(cls, v: float | None) -> float | None:
+    def _positive(cls, v: float | None, info: Any) -> float | None:
         if v is not None and not v > 0:
             raise ValueError(f"must be > 0 (got {v:g})")
+        if v is not None and info.field_name.endswith("_s") and v > MAX_DURATION_S:
+            raise ValueError(f"must be at most {MAX_DURATION_S:g} s (7 days) (got {v:g})")
         return v
 
     @field_validator("range_ratio", "max_error_rate")
@@ -299,7 +318,7 @@ class BudgetSection(Model):
 
 class SamplerSection(Model):
     name: Literal["tpe", "gp", "random", "grid", "qmc"] = "tpe"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's seed range (optuna's samplers use it)
     n_startup_trials: int = Field(8, ge=0)
 
 
@@ -310,6 +329,16 @@ class HardwareSection(Model):
     gpu_mem_mib: float | None = Field(None, gt=0)
     host_ram_gb: float | None = Field(None, gt=0)
     weights_gib: float | None = Field(None, ge=0)
+
+    @field_validator("model_config_path")
+    @classmethod
+    def _readable(cls, v: str | None) -> str | None:
+        # a FIFO or a device here would hang or exhaust memory when the config is read
+        path = Path(v).expanduser() if v else None
+        for p in (path, path / "config.json") if path and path.is_dir() else (path,):
+            if p is not None and (problem := special_file(p)):
+                raise ValueError(f"{p}: {problem}")
+        return v
 
 
 class StudyConfig(Model):
@@ -338,6 +367,21 @@ class StudyConfig(Model):
             )
         return v
 
+    @field_validator("server", "baseline", mode="before")
+    @classmethod
+    def _values(cls, v: Any) -> Any:
+        # before pydantic's union, whose wording ("a valid string") misleads for a flag value
+        for key, value in v.items() if isinstance(v, dict) else ():
+            for item in value if isinstance(value, list) else [value]:
+                if item is None or isinstance(item, dict | list):
+                    raise ValueError(
+                        f"{key}: expected a value or a list of values (got {item!r}); "
+                        "drop the key to use SGLang's default"
+                    )
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise ValueError(f"{key}: expected a finite number (got {item})")
+        return v
+
     @field_validator("server", "baseline")
     @classmethod
     def _flags(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -360,7 +404,9 @@ class StudyConfig(Model):
             raise ValueError("server: model-path is required (the model SGLang serves)")
         for name, spec in self.space.items():
             if name in self.server:
-                raise ValueError(f"space: {name} is also fixed under server: keep it in one place")
+                raise ValueError(
+                    f"server: {name}: is also searched under space: keep it in one place"
+                )
             for dep in spec.when or {}:
                 if dep not in self.space:
                     raise ValueError(f"space: {name}.when: {dep} is not a searched parameter")
@@ -400,42 +446,13 @@ def _check_flag_name(key: str) -> None:
         )
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys instead of keeping the last silently."""
-
-
-def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
-def load_yaml(path: Path) -> Any:
-    """Parse YAML safely; syntax errors become one line with file, line and column."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError("no such file", file=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    try:
-        return yaml.load(
-            text, Loader=_UniqueKeyLoader
-        )  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"invalid YAML: {problem}", file=where) from None
+def _brief(value: Any) -> str:
+    """repr, bounded: a YAML alias bomb is 10**9 items by reference, and repr walks them all."""
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother = 2, 80, 80
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = 4
+    text = r.repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _render(err: dict[str, Any]) -> tuple[str, str]:
@@ -446,33 +463,31 @@ def _render(err: dict[str, Any]) -> tuple[str, str]:
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "required key is missing"
-    elif "input" in err and err["type"].endswith(("_type", "_parsing")):
-        msg = f"{msg} (got {err['input']!r})"
+    elif "input" in err and err["type"].endswith(("_type", "_parsing", "finite_number")):
+        msg = f"{msg} (got {_brief(err['input'])})"
     # cross-section messages name their own key ("space: x ...") when raised at the top level
     if not loc and ": " in msg and msg.split(": ", 1)[0] in StudyConfig.model_fields:
-        key, msg = msg.split(": ", 1)
-        return key, msg
+        section, msg = msg.split(": ", 1)
+        loc = [section]
+    flag = re.match(r"^([a-z][a-z0-9-]*(?:\.[a-z_]+)?): (.*)$", msg)
+    if loc in (["server"], ["space"], ["baseline"]) and flag:
+        # a flag's own message ("hicache-size: ...") names it as part of the key path
+        return f"{loc[0]}.{flag.group(1)}", flag.group(2)
     return ".".join(loc), msg
 
 
-def parse_study(data: Any, source: str = "<study>") -> StudyConfig:
-    """Validate an already-parsed mapping; raise ConfigError naming the first bad key."""
+def parse_schema(data: Any, source: str = "<study>") -> StudyConfig:
+    """Validate an already-parsed mapping against the schema; raise ConfigError naming the
+    first bad key. `studyfile.parse_study` adds the checks against SGLang and the model."""
     if not isinstance(data, dict):
         raise ConfigError(
             "expected a mapping at the top level (study:, server:, space:, ...)", file=source
         )
     try:
-        cfg = StudyConfig.model_validate({**data, "source": source})
+        return StudyConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
         key, msg = _render(exc.errors()[0])
         extra = len(exc.errors()) - 1
         if extra:
             msg += f" (and {extra} more problem{'s' if extra > 1 else ''})"
         raise ConfigError(msg, file=source, key=key or None) from None
-    return cfg
-
-
-def load_study(path: str | Path) -> StudyConfig:
-    """Read and validate a study file."""
-    p = Path(path)
-    return parse_study(load_yaml(p), source=str(path))

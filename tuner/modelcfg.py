@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import InputFileError
+from tuner.yamlfile import special_file
 
 
 def shipped_model_configs() -> list[str]:
@@ -29,12 +30,17 @@ def load_model_config(name_or_path: str) -> dict[str, Any]:
             return json.loads(shipped.read_text())
         names = ", ".join(shipped_model_configs())
         raise InputFileError(str(name_or_path), f"no such file (or shipped model config: {names})")
+    special = special_file(path)
+    if special:
+        raise InputFileError(str(path), special)
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise InputFileError(str(path), f"not valid JSON: {exc.msg}", line=exc.lineno) from None
     except OSError as exc:
         raise InputFileError(str(path), f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputFileError(str(path), "not UTF-8 text (a Hugging Face config.json is)") from None
     if not isinstance(data, dict):
         raise InputFileError(str(path), "expected a JSON object (a Hugging Face config.json)")
     return data

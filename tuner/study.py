@@ -7,6 +7,7 @@ the loop in tuning.py, the queries over its trials in results.py.
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,115 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, StudyMismatchError
 from tuner.space import distributions, fingerprint
+from tuner.yamlfile import special_file
 
 HEARTBEAT_S = 30
 GRACE_S = 120
 FINGERPRINT_ATTR = "tuner:fingerprint"
+#: a database server that does not answer within this fails the command (libpq waits forever)
+CONNECT_TIMEOUT_S = 10
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_NOT_REPLACED = "tuner never replaces it: move it away to start afresh, or restore it"
+
+
+def masked(url: str) -> str:
+    """The URL with its password hidden (messages and logs never show it)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # unparsable: mask what looks like user:password@
+        return _mask_userinfo(url)
+
+
+def _mask_userinfo(url: str) -> str:
+    """Hide everything between `user:` and the LAST `@`: a password may hold `/`, `:` or `@`."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    before, slashes, auth = head.partition("//")
+    if not slashes:
+        before, auth = "", head
+    if ":" not in auth:
+        return url
+    return f"{before}{slashes}{auth.split(':', 1)[0]}:***@{tail}"
+
+
+def check_url(url: str, *, key: str, file: str | None = None) -> None:
+    """Refuse a storage URL that cannot work: unparsable, an unknown dialect, a missing driver,
+    an in-memory SQLite, or a SQLite file that is empty, damaged or cannot be created."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    def bad(message: str) -> ConfigError:
+        return ConfigError(message, file=file, key=key)
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        raise bad(
+            f"cannot parse {masked(url)!r} as a database URL: expected e.g. "
+            "sqlite:////abs/path/study.db or postgresql+psycopg2://user@host:5432/db"
+        ) from None
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        raise bad(
+            f"unknown database kind in {masked(url)!r}: expected sqlite, postgresql or mysql"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise bad(f"{parsed.drivername} needs the {exc.name} package (pip install it)") from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise bad("an in-memory SQLite database loses the study: give a file, sqlite:////path")
+        check_sqlite_file(Path(parsed.database).absolute(), key=key, file=file)
+
+
+def check_sqlite_file(path: Path, *, key: str, file: str | None = None) -> None:
+    """An existing file must be a SQLite database (never treated as new: a 0-byte file is a
+    lost study, not a fresh one); a missing one must be creatable in a writable directory."""
+
+    def bad(message: str) -> ConfigError:
+        return ConfigError(message, file=file, key=key)
+
+    if path.exists():
+        if path.is_dir():
+            raise bad(f"{path} is a directory, not a study database")
+        if problem := special_file(path):  # opening a FIFO would block forever
+            raise bad(f"{path} is {problem.split(',')[0]}, not a study database")
+        try:
+            with path.open("rb") as f:
+                head = f.read(len(SQLITE_MAGIC))
+        except OSError as exc:
+            raise bad(f"cannot read {path}: {exc.strerror}") from None
+        if not head:
+            raise bad(f"{path} is empty (0 bytes), not a study database; {_NOT_REPLACED}")
+        if head != SQLITE_MAGIC:
+            raise bad(f"{path} is not a SQLite database (damaged?); {_NOT_REPLACED}")
+        return
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise bad(f"{existing} is not a directory (the study's folder goes under it)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise bad(f"cannot create {path.parent}: {existing} is not writable")
+
+
+def storage_error(url: str, exc: Exception) -> ConfigError:
+    """A database error on opening the storage, as one line naming `--storage`."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
+    reason = lines[0] if lines else type(orig).__name__
+    from sqlalchemy.engine import make_url
+
+    with_password = make_url(url).password
+    if with_password:
+        reason = reason.replace(str(with_password), "***")
+    return ConfigError(f"cannot open {masked(url)}: {reason}", key="--storage")
 
 
 def study_dir(cfg: StudyConfig, runs_dir: Path) -> Path:
@@ -29,19 +135,40 @@ def study_dir(cfg: StudyConfig, runs_dir: Path) -> Path:
 
 
 def storage_url(cfg: StudyConfig, runs_dir: Path, override: str | None = None) -> str:
-    """`--storage`, else the study file's `storage:`, else SQLite in runs/<study>/study.db."""
+    """`--storage`, else the study file's `storage:`, else SQLite in runs/<study>/study.db.
+
+    Checked before anything opens it (storage.py): a URL that cannot work, or a SQLite file
+    that is empty or not a database, is a ConfigError naming where the URL came from.
+    """
     url = override or cfg.storage
     if url:
+        where = {"key": "--storage"} if override else {"file": cfg.source, "key": "storage"}
+        check_url(url, **where)
         return url
-    return f"sqlite:///{(study_dir(cfg, runs_dir) / 'study.db').resolve()}"
+    path = (study_dir(cfg, runs_dir) / "study.db").absolute()
+    check_sqlite_file(path, key="--runs-dir")
+    return f"sqlite:///{path}"
 
 
 def make_storage(url: str, infra_retries: int) -> RDBStorage:
-    """RDBStorage with a heartbeat, so a killed worker's trial becomes FAIL and is retried."""
+    """RDBStorage with a heartbeat, so a killed worker's trial becomes FAIL and is retried.
+
+    A storage that refuses the connection, or a file that turns out damaged, is a ConfigError
+    naming `--storage` (the URL's password masked); nothing is created before the URL checks.
+    """
+    check_url(url, key="--storage")
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 20}}
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create the study's folder: {exc}", key="--runs-dir"
+            ) from None
+    elif url.startswith("postgresql"):
+        # an address nobody answers must not hang the command (libpq waits forever by default)
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     import sqlalchemy.exc
     from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
@@ -69,7 +196,10 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
                 ),
             )
 
-    return create()
+    try:
+        return create()
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise storage_error(url, exc) from None
 
 
 def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:

@@ -26,6 +26,7 @@ from typing import Any
 
 from tuner.config import WorkloadSection
 from tuner.errors import InputFileError
+from tuner.yamlfile import special_file
 
 # Synthetic ids stay inside every common vocabulary (Llama 128k, Qwen 151k, Mistral 32k) and
 # above the special tokens, so a real SGLang accepts them as `input_ids`.
@@ -160,6 +161,8 @@ def _words(text: str) -> int:
 def _read_records(path: str) -> list[tuple[int | None, Any]]:
     """(line, object) pairs from a JSONL file, or (None, object) from a JSON array file."""
     p = Path(path)
+    if problem := special_file(p):  # a FIFO blocks forever, /dev/zero never ends
+        raise InputFileError(path, problem)
     try:
         raw = p.read_text(encoding="utf-8")
     except OSError as exc:

@@ -9,7 +9,7 @@ import yaml
 
 from tests.helpers.studies import study_file
 from tuner.api import Events, tune
-from tuner.config import load_study
+from tuner.studyfile import load_study
 from tuner.trial import Attr, Status
 
 pytestmark = pytest.mark.slow

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tuner.config import load_study, parse_duration, parse_study
+from tuner.config import parse_duration
 from tuner.errors import ConfigError
 from tuner.space import client_params
+from tuner.studyfile import load_study, parse_study
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = {
@@ -120,3 +122,111 @@ def test_yaml_errors_are_one_line_with_position(tmp_path: Path) -> None:
 )
 def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("patch", "key", "fragment"),
+    [
+        ({"budget": {"n_trials": True}}, "budget.n_trials", "valid integer"),
+        ({"workload": {"duration_s": float("inf")}}, "workload.duration_s", "finite"),
+        ({"workload": {"input_len": 10**9}}, "workload.input_len", "at most"),
+        ({"server": {"model-path": "m", "hicache-size": 1.5}}, "server.hicache-size", "int"),
+        ({"server": {"model-path": "m", "api-key": "x"}}, "server.api-key", "api_key_env"),
+        ({"server": {"model-path": "m", "bogus-flag": 1}}, "server.bogus-flag", "unknown"),
+        (
+            {"space": {"mem-fractoin-static": {"low": 0.8, "high": 0.9}}},
+            "space.mem-fractoin-static",
+            "did you mean mem-fraction-static",
+        ),
+        (
+            {"space": {"mem-fraction-static": {"low": 0.8, "high": 1.2}}},
+            "space.mem-fraction-static",
+            "fraction in (0, 1)",
+        ),
+        ({"baseline": {"concurrency": 99}}, "baseline.concurrency", "outside"),
+    ],
+)
+def test_values_checked_against_sglang_and_the_space(patch: dict, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_study({**MINIMAL, **patch}, source="s.yaml")
+    msg = str(info.value)
+    assert msg.startswith(f"s.yaml: {key}"), msg
+    assert fragment in msg, msg
+
+
+def test_secret_words_are_whole_words() -> None:
+    from tuner.studycheck import is_secret
+
+    assert is_secret("api-key") and is_secret("hf-token") and is_secret("db-password")
+    assert not is_secret("max-total-tokens") and not is_secret("tokenizer-path")
+
+
+def test_unchecked_flags_pass_as_given() -> None:
+    cfg = parse_study(
+        {
+            **MINIMAL,
+            "server": {"model-path": "m", "enable-lora": True},
+            "target": {"unchecked_flags": ["enable-lora"]},
+        }
+    )
+    assert cfg.server["enable-lora"] is True
+
+
+def test_non_utf8_study_file_is_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_bytes("study: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_study(p)
+
+
+def test_a_fifo_or_device_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from tuner.yamlfile import special_file
+
+    os.mkfifo(tmp_path / "s.yaml")
+    with pytest.raises(ConfigError, match="FIFO, not a regular file"):
+        load_study(tmp_path / "s.yaml")  # reading it would block forever
+    assert special_file(Path("/dev/zero")) == "a device, not a regular file"
+    assert special_file(tmp_path) is None  # a directory: the reader names it
+    assert special_file(tmp_path / "missing") is None
+    bad = {**MINIMAL, "hardware": {"model_config": "/dev/zero"}}
+    with pytest.raises(ConfigError, match=r"hardware\.model_config: /dev/zero: a device"):
+        parse_study(bad, "s.yaml")
+
+
+def test_oversized_and_deeply_nested_yaml_are_one_line(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (1 << 20) + b"\n")
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_study(big)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("study: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_study(deep)
+
+
+def test_an_alias_bomb_is_rendered_briefly(tmp_path: Path) -> None:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)
+    ]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join([*levels, "study: *a8", ""]))
+    with pytest.raises(ConfigError) as err:
+        load_study(bomb)  # repr of 10**9 items by reference would never return
+    assert "study" in str(err.value) and len(str(err.value)) < 250
+
+
+def test_a_storage_password_is_masked_even_when_the_url_is_unparsable() -> None:
+    from tuner.study import check_url, masked
+
+    for url in (
+        "postgresql://u:hun/ter@2@127.0.0.1:notaport/db",
+        "postgresql://u:a:b@127.0.0.1:x/db",
+        "pg:u:hunter2@host",
+    ):
+        shown = masked(url)
+        assert "hunter2" not in shown and "ter@2" not in shown and "a:b" not in shown, shown
+        assert "***" in shown
+    assert masked("not a url at all") == "not a url at all"
+    with pytest.raises(ConfigError) as err:
+        check_url("postgresql://u:hun/ter@2@127.0.0.1:notaport/db", key="--storage")
+    assert "ter@2" not in str(err.value)

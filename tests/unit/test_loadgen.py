@@ -7,10 +7,11 @@ import math
 
 import pytest
 
-from tuner.config import WorkloadSection, parse_study
+from tuner.config import WorkloadSection
 from tuner.errors import ConfigError
 from tuner.loadgen import LoadOptions, load_options
 from tuner.loadgen.client import Client, RequestState
+from tuner.studyfile import parse_study
 from tuner.workload import Request
 
 
@@ -124,3 +125,28 @@ def test_workload_keys_have_one_default_the_sections() -> None:
     shared = [f for f in dataclasses.fields(LoadOptions) if f.name in WorkloadSection.model_fields]
     assert len(shared) >= 10
     assert [f.name for f in shared if f.default is not dataclasses.MISSING] == []
+
+
+def test_bounds_derive_from_the_window_with_floors_and_the_request_timeout_as_ceiling() -> None:
+    from tuner.loadgen import Bounds
+
+    b = Bounds.of(_opts(duration_s=60, request_timeout_s=600))
+    assert (b.warmup_s, b.flush_s, b.stall_s, b.quiet_s, b.lookup_s) == (30, 15, 15, 15, 10)
+    assert b.total_s == 10 + 30 + 15 + 2 * 5 + 60 + 5
+    assert b.request_timeout(left_s=20) == 25 and b.request_timeout(left_s=None) == 600
+    short = Bounds.of(_opts(duration_s=2, request_timeout_s=600))
+    assert (short.warmup_s, short.flush_s, short.stall_s, short.quiet_s) == (10, 5, 5, 0.5)
+    tight = Bounds.of(_opts(duration_s=60, request_timeout_s=3))  # the ceiling wins
+    assert (tight.warmup_s, tight.flush_s, tight.lookup_s) == (3, 3, 3)
+    assert tight.request_timeout(left_s=50) == 3 and tight.stall_s == 5
+    counted = Bounds.of(_opts(duration_s=None, num_requests=10))
+    assert not counted.timed and counted.total_s == 10 + 30 + 15 + 10 + 15 + 5
+
+
+def test_silence_counts_only_while_requests_wait_and_a_timeout_does_not_reset_it() -> None:
+    c = Client(None, "http://h:1/", _opts())  # type: ignore[arg-type]
+    assert c.silence(1e9) == 0.0  # nothing asked: idle, not silent
+    c.pending, c.waiting_since = 1, 100.0
+    assert c.silence(103.0) == pytest.approx(3.0)
+    c.hear()
+    assert c.silence(c.heard_at + 1.0) == pytest.approx(1.0)

@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from tuner import capacity as cap
-from tuner.config import parse_study
 from tuner.launch import build_launch, flag_args, redact_argv, render_sglang_yaml
 from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.space import canonical, distributions, fingerprint, sample, server_flags
+from tuner.studyfile import parse_study
 
 BASE = {"study": "s", "server": {"model-path": "m"}}
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import WorkloadSection, parse_study
+from tuner.config import WorkloadSection
 from tuner.errors import ConfigError, InputFileError
+from tuner.studyfile import parse_study
 from tuner.workload import Request, requests_for
 
 DATA = Path(__file__).resolve().parents[1] / "data"

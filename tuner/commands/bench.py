@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
-from tuner.config import WorkloadSection
+from tuner.commands.common import output_file
+from tuner.config import MAX_CONCURRENCY, WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="model name for OpenAI endpoints (default: /v1/models)")
     p.add_argument("--no-stream", action="store_true")
     p.add_argument("--seed", type=int, help=_default("seed"))
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--json", metavar="FILE", type=output_file, help="write the results as JSON")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -102,11 +103,14 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
     from tuner.loadgen import load_options
     from tuner.workload import requests_for
 
-    if not args.url.startswith(("http://", "https://")):
-        raise ConfigError(f"{args.url!r} is not an http(s) URL", key="--url")
+    _check_url(args.url)
     if args.concurrency < 1:
         # not a workload key: in a study, concurrency is a searched parameter
         raise ConfigError(f"must be >= 1 (got {args.concurrency})", key="--concurrency")
+    if args.concurrency > MAX_CONCURRENCY:
+        raise ConfigError(
+            f"must be at most {MAX_CONCURRENCY:,} (got {args.concurrency})", key="--concurrency"
+        )
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -114,13 +118,46 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
             raise ConfigError(
                 f"environment variable {args.api_key_env} is not set", key="--api-key-env"
             )
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise ConfigError(f"directory of {args.json} does not exist", key="--json")
     w = _workload(args)
     # a duration-bounded run needs enough requests to stay busy for the whole window
     pool = max(_DEFAULT_NUM_REQUESTS, 20 * args.concurrency)
+    _check_size(w, pool)
     options = load_options(w, concurrency=args.concurrency, api_key=api_key)
     return w, requests_for(w, num_requests=pool), options
+
+
+def _check_url(url: str) -> None:
+    """An http(s) URL with a host and a valid port (aiohttp would fail later, less clearly)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{url!r} is not a valid URL: {exc}", key="--url") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000", key="--url"
+        )
+    if port == 0:
+        raise ConfigError(f"port 0 in {url!r}: expected 1..65535", key="--url")
+
+
+def _check_size(w: WorkloadSection, pool: int) -> None:
+    """The request list is built in memory before the run: bound its tokens."""
+    from tuner.studycheck import MAX_POOL_TOKENS
+
+    n = w.num_requests or pool
+    per = {"shared-prefix": w.prefix_len + w.question_len, "multi-turn": w.input_len * w.turns}
+    longest = per.get(w.kind, w.input_len)
+    count = w.num_groups * w.prompts_per_group if w.kind == "shared-prefix" else n
+    if w.kind not in ("sharegpt", "jsonl") and count * longest > MAX_POOL_TOKENS:
+        flag = "--prefix-len" if w.kind == "shared-prefix" else "--input-len"
+        raise ConfigError(
+            f"{count:,} requests of up to {longest:,} tokens exceed the "
+            f"{MAX_POOL_TOKENS:,} prompt tokens tuner builds in memory",
+            key=flag,
+        )
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSection:

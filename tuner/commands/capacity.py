@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from pathlib import Path
 
 from tuner.errors import ConfigError
 
@@ -60,6 +62,12 @@ def _check(args: argparse.Namespace) -> None:
     def bad(flag: str, msg: str) -> None:
         raise ConfigError(msg, key=flag)
 
+    floats = ("gpu_mem_mib", "weights_gib", "observed_mfs", "observed_kv_gb", "host_ram_gb")
+    for name in (*floats, "mfs", "hicache_size", "avg_len"):
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and not math.isfinite(value):
+                bad("--" + name.replace("_", "-"), f"must be a finite number, got {value}")
     for flag, value in (("--tp", args.tp), ("--dp", args.dp), ("--page-size", args.page_size)):
         if value < 1:
             bad(flag, f"must be a positive integer, got {value}")
@@ -108,7 +116,16 @@ def run(args: argparse.Namespace) -> int:
     from tuner.modelcfg import load_model_config
 
     _check(args)
-    config = load_model_config(args.model_config)
+    from tuner.yamlfile import special_file
+
+    path = Path(args.model_config).expanduser()
+    for candidate in (path / "config.json",) if path.is_dir() else (path,):
+        if problem := special_file(candidate):  # a FIFO blocks, /dev/zero never ends
+            raise ConfigError(problem, file=str(candidate), key="--model-config")
+    try:
+        config = load_model_config(args.model_config)
+    except UnicodeDecodeError:  # modelcfg reads text without catching it
+        raise ConfigError("not UTF-8 text", file=args.model_config) from None
     inputs = CapacityInputs(
         model_config=config,
         tp=args.tp,

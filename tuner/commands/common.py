@@ -1,22 +1,83 @@
-"""Arguments and loading shared by the commands that work on a study file."""
+"""Arguments and loading shared by the commands that work on a study file.
+
+Paths the user names are checked when the arguments are parsed (argparse `type=`), so a bad
+one is one line and exit 2 before the study file is read or anything is written.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from tuner.config import StudyConfig, load_study
+from tuner.config import StudyConfig
+from tuner.studyfile import load_study
 
 
-def add_study_args(p: argparse.ArgumentParser) -> None:
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def existing_or_creatable_dir(value: str) -> Path:
+    """A directory that exists, or can be created (its nearest existing parent is a dir)."""
+    if not value.strip():  # Path("") is ".": the study would land in the working directory
+        raise argparse.ArgumentTypeError("expected a directory, got an empty name")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is not a directory")
+    if not _nearest_existing(path.absolute()).is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: a parent of it is not a directory")
+    return path
+
+
+def writable_dir(value: str) -> Path:
+    """As `existing_or_creatable_dir`, and writable (the run creates files under it)."""
+    path = existing_or_creatable_dir(value)
+    base = _nearest_existing(path.absolute())
+    if not os.access(base, os.W_OK | os.X_OK):
+        what = "is" if base == path.absolute() else f"cannot be created: {base} is"
+        raise argparse.ArgumentTypeError(f"{value} {what} not writable")
+    return path
+
+
+def output_file(value: str) -> Path:
+    """A file to write: not a directory, in an existing writable directory."""
+    path = Path(value)
+    if not value or path.is_dir() or value.endswith(os.sep):
+        raise argparse.ArgumentTypeError(f"{value!r} is a directory, expected a file name")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {path.parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {path.parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{value} is not writable")
+    return path
+
+
+def add_study_args(p: argparse.ArgumentParser, *, writes: bool = False) -> None:
+    """STUDY.yaml, --runs-dir and --storage; `writes`: the command creates files in the runs dir."""
     p.add_argument("study_file", metavar="STUDY.yaml", help="the study file")
     p.add_argument(
         "--runs-dir",
         default="runs",
-        type=Path,
+        type=writable_dir if writes else existing_or_creatable_dir,
         help="outputs, one folder per study (default ./runs)",
     )
-    p.add_argument("--storage", help="optuna storage URL (default: sqlite runs/<study>/study.db)")
+    p.add_argument(
+        "--storage",
+        type=_storage_url,
+        help="optuna storage URL (default: sqlite runs/<study>/study.db)",
+    )
+
+
+def _storage_url(value: str) -> str:
+    # an empty URL would silently fall back to the default storage (a different study)
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a database URL, got an empty one")
+    return value
 
 
 def load(args: argparse.Namespace) -> StudyConfig:

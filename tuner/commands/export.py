@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from tuner.commands.common import add_study_args, load
+from tuner.commands.common import add_study_args, load, output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write the best launch config (SGLang --config YAML)")
     add_study_args(p)
-    p.add_argument("-o", "--output", type=Path, help="file to write (default: standard output)")
+    p.add_argument(
+        "-o", "--output", type=output_file, help="file to write (default: standard output)"
+    )
     p.add_argument("--format", choices=["yaml", "cmd", "json"], default="yaml")
     p.set_defaults(run=run)
 

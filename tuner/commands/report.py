@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from tuner.commands.common import add_study_args, load
+from tuner.commands.common import add_study_args, load, output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write an HTML report of a study")
     add_study_args(p)
-    p.add_argument("-o", "--output", type=Path, help="default: runs/<study>/report.html")
+    p.add_argument("-o", "--output", type=output_file, help="default: runs/<study>/report.html")
     p.set_defaults(run=run)
 
 

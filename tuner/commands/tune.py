@@ -19,15 +19,56 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune", help="run an Optuna study (creates it, or resumes it when it exists)"
     )
-    add_study_args(p)
+    add_study_args(p, writes=True)
     p.add_argument(
-        "--n-trials", type=int, help="completed trials wanted in the study, across resumes"
+        "--n-trials",
+        type=_positive_int,
+        help="completed trials wanted in the study, across resumes",
     )
-    p.add_argument("--timeout", help="wall clock for this run: 8h, 90m, 3600")
-    p.add_argument("--worker", help="this worker's name (default: host name and target)")
-    p.add_argument("--seed", type=int, help="sampler seed (default: the study file's)")
+    p.add_argument("--timeout", type=_duration, help="wall clock for this run: 8h, 90m, 3600")
+    p.add_argument(
+        "--worker", type=_worker, help="this worker's name (default: host name and target)"
+    )
+    p.add_argument("--seed", type=_seed, help="sampler seed (default: the study file's)")
     p.add_argument("--no-progress", action="store_true", help="no per-trial lines")
     p.set_defaults(run=run)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _seed(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if not 0 <= n < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in 0..{2**32 - 1} (numpy's seeds), got {n}")
+    return n
+
+
+def _duration(value: str) -> str:
+    # kept as text: _budget parses it (one parser for the file's and the flag's durations)
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _worker(value: str) -> str:
+    if not value.strip() or len(value) > 200 or not value.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"expected a printable name of 1 to 200 characters, got {value!r}"
+        )
+    return value
 
 
 @contextlib.contextmanager
