@@ -1,107 +1,54 @@
 """The SGLang server's lifecycle on a Host: stop the old one, start, wait ready, verify, classify.
 
-`Server(host, timeouts).restart(spec, log_path)` returns a `StartResult`: either a verified
-running server (with what it resolved: KV pool size, mfs, ...) or a classified failure with the
-log lines that show why. A failure caused by the flags is a result, not an exception; only the
-infrastructure (host unreachable, a group that will not die) raises InfraError.
+The evidence rule: a failed start or a death is the *configuration's* failure only with SGLang's
+own message -- exit code and log lines that `tuner.sglang.failures` classifies into
+`CONFIG_FAILURES` (`is_config_failure`: OOMs, not enough memory, HiCache host memory, argparse,
+resolved args that differ). Everything else is the *world's*: a timeout or crash without such a
+message, a hung server, a dropped connection (InfraError, retried within bounds); a port held by
+a process we did not start (PortHeldError: the study stops); the user's setup, i.e. launch
+command or workdir missing (SetupError: the study stops at once, exit 2).
 
-The old server is stopped by its process group, never by name, and only after checking that the
-group's leader still runs what we started (PID reuse). Readiness is GET /health == 200; an early
-death is noticed at the next poll (the group is gone) instead of waiting out the deadline.
+`restart(spec, log_path)` returns a `StartResult`: a verified running server (with what it
+resolved) or a classified failure with the log lines that show why. Every server started with a
+`marker` carries `TUNER_SERVER_MARKER=<marker>` in its whole group's environment from the spawn
+on, so `stop_strays` finds one whose group was never recorded. A stop clears its record only once
+the group is gone (stopped by process group, never by name, after a PID-reuse check).
+Secrets never appear on a command line: the launch is a 0700 script exporting the environment,
+secret flags reach SGLang in a 0600 `--config` file removed once it is up, and everything read
+back (reasons, log lines, fetched logs, the host's log once the server is gone) is masked.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tuner.config import Timeouts
 from tuner.errors import InfraError
-from tuner.hosts.base import EXIT_SUFFIX, Host
-from tuner.launch import REDACTED, LaunchSpec
+from tuner.hosts.base import EXIT_SUFFIX, Host, mask_file_script
+from tuner.launch import MIN_MASKED_LEN, REDACTED, LaunchSpec, launch_program
+from tuner.preflight import check_launch, port_held_error, setup_error
 from tuner.server_info import as_float, as_int, internal, mismatches
+from tuner.server_result import GpuInfo, ServerDeath, StartResult, Timings
 from tuner.sglang.failures import FailureClass, explain_failure
 
+__all__ = ["MARKER_VAR", "GpuInfo", "Server", "ServerDeath", "StartResult", "Timings"]
+
+#: the environment variable every server started with a marker carries (its whole group)
+MARKER_VAR = "TUNER_SERVER_MARKER"
+#: next to the log on the host: the launch script (0700) and the secret flags (0600)
+SCRIPT_SUFFIX = ".sh"
+SECRETS_SUFFIX = ".secrets.yaml"
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One GPU as nvidia-smi names it."""
-
-    name: str
-    memory_total_mib: int
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Where a restart's time went (seconds); overhead_s is everything but the server's start-up."""
-
-    stop_s: float = 0.0
-    prepare_s: float = 0.0
-    launch_s: float = 0.0
-    start_to_ready_s: float = 0.0
-    verify_s: float = 0.0
-    total_s: float = 0.0
-
-    @property
-    def overhead_s(self) -> float:
-        return self.total_s - self.start_to_ready_s
-
-
-@dataclass(frozen=True)
-class StartResult:
-    """The outcome of one restart."""
-
-    ok: bool
-    failure: str | None
-    reason: str
-    evidence: tuple[str, ...] = ()
-    pgid: int | None = None
-    exit_code: int | None = None
-    log_path: str = ""
-    max_total_num_tokens: int | None = None
-    mem_fraction_static: float | None = None
-    max_running_requests: int | None = None
-    version: str | None = None
-    server_pid: int | None = None
-    gpus: tuple[GpuInfo, ...] = ()
-    timings: Timings = field(default_factory=Timings)
-
-    def facts(self) -> dict[str, Any]:
-        """What a trial records of this start: the server's resolved values, where the time
-        went, the GPU, and for a failure the log lines that show why (None values dropped)."""
-        info: dict[str, Any] = {
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "mem_fraction_static": self.mem_fraction_static,
-            "max_running_requests": self.max_running_requests,
-            "version": self.version,
-            "restart_s": round(self.timings.total_s, 3),
-            "overhead_s": round(self.timings.overhead_s, 3),
-        }
-        if self.gpus:
-            gpu = self.gpus[0]
-            info["gpu"] = f"{len(self.gpus)} x {gpu.name} ({gpu.memory_total_mib} MiB)"
-        if not self.ok:
-            info["evidence"] = list(self.evidence[-8:])
-        return {k: v for k, v in info.items() if v is not None}
-
-
-@dataclass(frozen=True)
-class ServerDeath:
-    """A server that was running and is gone: why, and the log lines that say so."""
-
-    failure: str
-    reason: str
-    evidence: tuple[str, ...]
-    exit_code: int | None
 
 
 @dataclass(frozen=True)
@@ -110,6 +57,8 @@ class _Running:
     command: str
     log_path: str
     port: int
+    #: host files of this start (launch script, secrets) removed once the group is gone
+    files: tuple[str, ...] = ()
 
 
 class Server:
@@ -118,7 +67,9 @@ class Server:
     `http_host` is where the tuner reaches the server's port (default: the host's address).
     `api_key` authenticates the tuner's requests; SGLang logs its whole server_args at start-up,
     the key included, so everything read back from the server (reasons, log lines, the fetched
-    log) is masked before it leaves this class.
+    log) is masked before it leaves this class, as are the secrets of every spec it started.
+    `marker` (e.g. one per study and worker) goes into every started server's environment, so
+    `stop_strays` finds servers whose process group was never recorded.
     `nvidia_smi` is the command used to read GPU facts and wait for memory release (skipped when
     the host has no such command). `clock`/`sleep` are seams for tests.
     """
@@ -131,6 +82,7 @@ class Server:
         http_host: str | None = None,
         nvidia_smi: str = "nvidia-smi",
         api_key: str | None = None,
+        marker: str | None = None,
         tail_lines: int = 40,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -140,11 +92,14 @@ class Server:
         self.http_host = http_host or host.address
         self.nvidia_smi = nvidia_smi
         self.api_key = api_key
+        self.marker = marker
         self.tail_lines = tail_lines
         self._clock = clock
         self._sleep = sleep
         self._running: _Running | None = None
         self._gpus: tuple[GpuInfo, ...] | None = None
+        self._secrets: set[str] = {api_key} if api_key and len(api_key) >= MIN_MASKED_LEN else set()
+        self._setup_ok: set[tuple[str | None, str | None]] = set()  # (program, cwd) checked
 
     # -- public ----------------------------------------------------------------------------
 
@@ -168,21 +123,29 @@ class Server:
 
         `on_launch(pgid)` runs as soon as the process group exists, before readiness, so a
         caller killed during a long start-up has already recorded what to stop.
+        Raises SetupError (the launch command or workdir is wrong), PortHeldError (someone
+        else holds the port), InfraError (the host failed).
         """
         t0 = self._clock()
         stop_s = self.stop()
         t1 = self._clock()
-        blocked = self._prepare(spec, log_path)
+        self._check_setup(spec)
+        self._prepare(spec)
         t2 = self._clock()
-        if blocked is not None:
-            return self._result(blocked, Timings(stop_s, t2 - t1, total_s=t2 - t0))
-        command = spec.shell_command()
-        pgid = self.host.start_detached(command, log_path=log_path, cwd=spec.cwd)
-        self._running = _Running(pgid, command, log_path, spec.port)
+        self._secrets |= spec.secret_values()
+        command, files = self._write_launch(spec, log_path)
+        env = {MARKER_VAR: self.marker} if self.marker else None
+        pgid = self.host.start_detached(
+            command, log_path=log_path, cwd=spec.cwd, env=env, cleanup=files
+        )
+        self._running = _Running(pgid, command, log_path, spec.port, files)
         if on_launch is not None:
             on_launch(pgid)
         t3 = self._clock()
-        failed = self._wait_ready()
+        try:
+            failed = self._wait_ready(spec)
+        finally:
+            self._remove(files[1:])  # SGLang read its --config at start-up; do not keep secrets
         t4 = self._clock()
         if failed is not None:
             return self._result(failed, Timings(stop_s, t2 - t1, t3 - t2, t4 - t3, 0, t4 - t0))
@@ -192,31 +155,66 @@ class Server:
         return self._result(res, timings)
 
     def stop(self) -> float:
-        """Stop our server's group (TERM, wait stop_s, KILL); returns the seconds it took."""
+        """Stop our server's group (TERM, CONT, wait stop_s, KILL); returns the seconds it took.
+
+        The record (`pgid`) is cleared only once the group is gone: when the host fails
+        mid-stop (HostUnreachable, CommandTimeout) the error propagates and a later stop, or
+        `stop_strays`, still finds the server.
+        """
         t0 = self._clock()
-        run, self._running = self._running, None
+        run = self._running
         if run is None:
             return 0.0
         leader = self.host.cmdline(run.pgid)
         if leader is None:  # the leader is gone; its children keep the pgid from being reused
             members = self.host.group_pids(run.pgid)
             if not members:
+                self._forget(run)
                 return self._clock() - t0
         else:
             # the GPU check needs every member (SGLang's scheduler children hold the memory)
             members = self.host.group_pids(run.pgid) if self.gpus() else [run.pgid]
-            if run.command not in leader:
+            if run.command not in leader and not self._carries_marker(run.pgid):
                 # the pid was reused by another process since: not ours to kill
                 log.warning(
                     "%s: pgid %d now runs %r; not stopping it",
                     self.host.name,
                     run.pgid,
-                    leader[:100],
+                    self._mask(leader[:100]),
                 )
+                self._forget(run)
                 return self._clock() - t0
         self._kill_group(run.pgid)
+        self._forget(run)
         self._wait_gpu_free(members)
         return self._clock() - t0
+
+    def stop_strays(self) -> list[tuple[int, str]]:
+        """Stop every server group carrying our marker (lost by an earlier, killed run, or
+        ours); return (pgid, command) of each. Nothing without a marker."""
+        if not self.marker:
+            return []
+        found = self.host.marked_groups(MARKER_VAR, self.marker)
+        for pgid, command in found:
+            log.warning(
+                "%s: stopping server group %d left by an earlier run: %s",
+                self.host.name,
+                pgid,
+                self._mask(command[:160]),
+            )
+            members = self.host.group_pids(pgid) if self.gpus() else []
+            self._kill_group(pgid)
+            if self._running is not None and self._running.pgid == pgid:
+                self._forget(self._running)
+            self._wait_gpu_free(members)
+        return [(pgid, self._mask(command)) for pgid, command in found]
+
+    def responsive(self, timeout_s: float) -> bool:
+        """True when our server answers GET /health with 200 within `timeout_s` (a hung server,
+        alive but stopped, gives False after about `timeout_s`)."""
+        if self._running is None:
+            return False
+        return self._http_status("/health", timeout_s) == 200
 
     def check(self) -> ServerDeath | None:
         """None while the server runs; else why it died (e.g. oom_runtime under load)."""
@@ -227,11 +225,11 @@ class Server:
         return ServerDeath(cls, self._mask(reason), tuple(self._mask(x) for x in tail), code)
 
     def fetch_log(self, local_path: str) -> bool:
-        """Copy the current server's log to `local_path`; False when there is none."""
+        """Copy the current server's log to `local_path` (secrets masked); False without one."""
         if self._running is None:
             return False
         self.host.fetch(self._running.log_path, local_path)
-        if self.api_key:
+        if self._secrets:
             path = Path(local_path)
             path.write_text(self._mask(path.read_text(errors="replace")))
         return True
@@ -261,21 +259,64 @@ class Server:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def _prepare(self, spec: LaunchSpec, log_path: str) -> StartResult | None:
-        """Port free, GPU facts, log directory; a StartResult when the start must not happen."""
-        if not self._poll(lambda: self.host.port_free(spec.port), self.timeouts.port_free_s):
-            return StartResult(
-                False,
-                FailureClass.PORT_IN_USE,
-                f"{self.host.name}: port {spec.port} still in use after {self.timeouts.port_free_s:g} s "
-                "by a process we did not start",
-                log_path=log_path,
-            )
-        self.gpus()  # the start_detached script creates the log's directory
-        return None
+    def _check_setup(self, spec: LaunchSpec) -> None:
+        """Once per (program, workdir): the workdir exists and the launch program can run."""
+        key = (launch_program(spec.argv), spec.cwd)
+        if key not in self._setup_ok:
+            check_launch(self.host, spec)
+            self._setup_ok.add(key)
 
-    def _wait_ready(self) -> StartResult | None:
-        """None once /health says 200; a failure when the group died or the deadline passed."""
+    def _prepare(self, spec: LaunchSpec) -> None:
+        """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts."""
+        port_free = lambda: self.host.port_free(spec.port)  # noqa: E731
+        if not port_free():
+            self.stop_strays()
+            if not self._poll(port_free, self.timeouts.port_free_s):
+                raise port_held_error(self.host, spec.port, self._mask)
+        self.gpus()  # the start_detached script creates the log's directory
+
+    def _write_launch(self, spec: LaunchSpec, log_path: str) -> tuple[str, tuple[str, ...]]:
+        """Write the launch script (and the secret flags' --config file) next to the log on
+        the host, through stdin; return the command that runs it and the files written."""
+        script = log_path + SCRIPT_SUFFIX
+        files = [script]
+        config = None
+        if spec.secret_flags:
+            config = log_path + SECRETS_SUFFIX
+            self.host.write_file(config, spec.secrets_yaml(), 0o600)
+            files.append(config)
+        self.host.write_file(script, spec.script(config), 0o700)
+        return f"bash {shlex.quote(script)}", tuple(files)
+
+    def _forget(self, run: _Running) -> None:
+        """The group is gone: drop its record and its files, mask the secrets in its log
+        (SGLang logs its server_args, the API key included)."""
+        if self._running is run:
+            self._running = None
+        self._remove(run.files)
+        if self._secrets and run.log_path:
+            text = "\n".join(sorted(self._secrets, key=len, reverse=True)) + "\n"
+            try:
+                self.host.run_shell(mask_file_script(run.log_path, REDACTED), stdin=text.encode())
+            except InfraError as exc:  # the log stays 0600; masking is the second line
+                log.warning("%s: cannot mask %s: %s", self.host.name, run.log_path, exc)
+
+    def _remove(self, files: Sequence[str]) -> None:
+        if not files:
+            return
+        try:
+            self.host.run(["rm", "-f", "--", *files])
+        except InfraError as exc:  # the leader removes them too when the server ends
+            log.warning("%s: cannot remove %s: %s", self.host.name, ", ".join(files), exc)
+
+    def _carries_marker(self, pgid: int) -> bool:
+        if not self.marker:
+            return False
+        return pgid in dict(self.host.marked_groups(MARKER_VAR, self.marker))
+
+    def _wait_ready(self, spec: LaunchSpec) -> StartResult | None:
+        """None once /health says 200; a failure when the group died or the deadline passed.
+        SetupError when the death shows the launch command itself cannot run."""
         run = self._running
         assert run is not None
         deadline = self._clock() + self.timeouts.ready_s
@@ -284,12 +325,16 @@ class Server:
                 return None
             if not self.host.group_alive(run.pgid):
                 code, tail = self._exit_and_tail(run.log_path)
+                self._forget(run)
+                setup = setup_error(self.host.name, spec, code, tail, self._mask)
+                if setup is not None:
+                    self._setup_ok.clear()
+                    raise setup
                 cls, reason = explain_failure(code, tail)
-                self._running = None
                 return StartResult(False, cls, reason, tuple(tail), run.pgid, code, run.log_path)
             if self._clock() > deadline:
-                self._kill_group(run.pgid)
-                self._running = None
+                self._kill_group(run.pgid)  # raises (record kept) if the group survives
+                self._forget(run)
                 _, tail = self._exit_and_tail(run.log_path)
                 return StartResult(
                     False,
@@ -319,13 +364,13 @@ class Server:
         # the answer came from a live server; only a reported pid lets us tell whose it is
         members = self.host.group_pids(run.pgid) if isinstance(pid, int) else [run.pgid]
         if not members:  # ours died between /health and now: a death, not a stale server
-            self._running = None
+            self._forget(run)
             code, tail = self._exit_and_tail(run.log_path)
             cls, reason = explain_failure(code, tail)
             return StartResult(False, cls, reason, tuple(tail), run.pgid, code, run.log_path)
         if isinstance(pid, int) and pid not in members:
             self._kill_group(run.pgid)
-            self._running = None
+            self._forget(run)
             return StartResult(
                 False,
                 FailureClass.STALE_SERVER,
@@ -356,7 +401,9 @@ class Server:
         )
 
     def _mask(self, text: str) -> str:
-        return text.replace(self.api_key, REDACTED) if self.api_key else text
+        for secret in sorted(self._secrets, key=len, reverse=True):
+            text = text.replace(secret, REDACTED)
+        return text
 
     def _poll(self, ok: Callable[[], bool], limit_s: float) -> bool:
         deadline = self._clock() + limit_s
@@ -368,8 +415,12 @@ class Server:
             self._sleep(self.timeouts.poll_s)
 
     def _kill_group(self, pgid: int) -> None:
-        """TERM the group, wait stop_s, then KILL; InfraError if it still lives."""
+        """TERM the group, wait stop_s, then KILL; InfraError if it still lives.
+
+        CONT after TERM: a stopped (SIGSTOPped, hung) process gets TERM only once continued.
+        """
         self.host.signal_group(pgid, "TERM")
+        self.host.signal_group(pgid, "CONT")
         if self._poll(lambda: not self.host.group_alive(pgid), self.timeouts.stop_s):
             return
         log.warning(
@@ -416,9 +467,10 @@ class Server:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         return req
 
-    def _http_status(self, path: str) -> int | None:
+    def _http_status(self, path: str, timeout_s: float | None = None) -> int | None:
+        limit = self.timeouts.http_s if timeout_s is None else timeout_s
         try:
-            with urllib.request.urlopen(self._request(path), timeout=self.timeouts.http_s) as r:
+            with urllib.request.urlopen(self._request(path), timeout=limit) as r:
                 return r.status
         except urllib.error.HTTPError as exc:
             return exc.code

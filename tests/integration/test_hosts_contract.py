@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.net import free_port
 from tests.helpers.sshd import Sshd, assert_group_gone, assert_groups_reaped
-from tuner.errors import CommandTimeout, HostTrustError, HostUnreachable
+from tuner.errors import CommandTimeout, HostTrustError, HostUnreachable, InfraError
 from tuner.hosts import Host, SSHHost
 from tuner.launch import LaunchSpec
 
@@ -175,6 +175,114 @@ def test_port_free(any_host: Host) -> None:
 def test_which(any_host: Host) -> None:
     assert (any_host.which("bash") or "").endswith("/bash")
     assert any_host.which("no-such-command-tuner") is None
+
+
+def _wait_gone(host: Host, pgid: int) -> None:
+    end = time.monotonic() + 10
+    while host.group_alive(pgid):
+        assert time.monotonic() < end, f"group {pgid} still alive"
+        time.sleep(0.05)
+
+
+def test_detached_files_are_private_and_the_command_keeps_the_umask(
+    any_host: Host, tmp_path: Path
+) -> None:
+    """Log, .pid and .exit are 0600 (the log holds the server's args); the command itself
+    runs under the host's own umask (files it creates are not forced private)."""
+    made = tmp_path / "made-by-command"
+    pgid = _detached(any_host, tmp_path, f"umask; : > {made}; echo done")
+    _wait_gone(any_host, pgid)
+    assert_group_gone(pgid)
+    for suffix in ("", ".pid", ".exit"):
+        mode = (tmp_path / f"d.log{suffix}").stat().st_mode & 0o777
+        assert mode == 0o600, f"d.log{suffix} has mode {mode:o}"
+    umask = int(any_host.read_tail(str(tmp_path / "d.log"))[0], 8)
+    assert umask != 0o077 and made.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_detached_env_reaches_the_group_and_cleanup_runs(any_host: Host, tmp_path: Path) -> None:
+    junk = tmp_path / "junk file"
+    junk.write_text("x")
+    pgid = any_host.start_detached(
+        'echo "m=$TUNER_T"; sh -c \'echo "child=$TUNER_T"\'',
+        log_path=str(tmp_path / "e.log"),
+        env={"TUNER_T": "a b'c"},
+        cleanup=[str(junk)],
+    )
+    _wait_gone(any_host, pgid)
+    assert_group_gone(pgid)
+    assert any_host.read_tail(str(tmp_path / "e.log")) == ["m=a b'c", "child=a b'c"]
+    assert not junk.exists()
+
+
+def test_cleanup_runs_after_a_term_of_the_group(any_host: Host, tmp_path: Path) -> None:
+    junk = tmp_path / "junk"
+    junk.write_text("x")
+    pgid = any_host.start_detached(
+        "exec sleep 60", log_path=str(tmp_path / "t.log"), cleanup=[str(junk)]
+    )
+    try:
+        end = time.monotonic() + 10
+        while len(any_host.group_pids(pgid)) < 2:  # the leader's trap is set by then
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert any_host.signal_group(pgid, "TERM")
+        _wait_gone(any_host, pgid)
+    finally:
+        any_host.signal_group(pgid, "KILL")
+    assert_group_gone(pgid)
+    assert not junk.exists()
+    assert any_host.read_tail(str(tmp_path / "t.log.exit")) == ["143"]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o700])
+def test_write_file_streams_text_with_its_mode(any_host: Host, tmp_path: Path, mode: int) -> None:
+    text = "".join(f"{x}\n" for x in NASTY) + "no newline at the end: é"
+    path = tmp_path / "sub dir" / "f.yaml"
+    any_host.write_file(str(path), text, mode)
+    assert path.read_text() == text
+    assert path.stat().st_mode & 0o777 == mode
+    any_host.write_file(str(path), "again", mode)  # replaces, atomically
+    assert path.read_text() == "again"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["f.yaml"]  # no temp file left
+
+
+def test_write_file_into_a_missing_place_is_an_infra_error(any_host: Host, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InfraError, match="cannot write"):
+        any_host.write_file(str(tmp_path / "file" / "below"), "x")
+
+
+def test_marked_groups_finds_groups_by_their_environment(any_host: Host, tmp_path: Path) -> None:
+    marker = "tuner-test-" + secrets.token_hex(6)
+    marked = any_host.start_detached(
+        "sleep 60 & exec sleep 61", log_path=str(tmp_path / "m.log"), env={"TUNER_M": marker}
+    )
+    other = any_host.start_detached(
+        "exec sleep 62", log_path=str(tmp_path / "o.log"), env={"TUNER_M": marker + "x"}
+    )
+    try:
+        found = any_host.marked_groups("TUNER_M", marker)
+        assert [pgid for pgid, _ in found] == [marked]  # exact value: the other is not ours
+        assert "sleep 61" in found[0][1] or "m.log" in found[0][1]
+        assert any_host.marked_groups("TUNER_M", "tuner-test-none") == []
+    finally:
+        any_host.signal_group(marked, "KILL")
+        any_host.signal_group(other, "KILL")
+    assert_group_gone(marked)
+    assert_group_gone(other)
+    assert any_host.marked_groups("TUNER_M", marker) == []
+
+
+def test_port_holders_names_the_listener(any_host: Host) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        holders = any_host.port_holders(port)
+        assert [pid for pid, _ in holders] == [os.getpid()]
+        assert "pytest" in holders[0][1] or "python" in holders[0][1]
+    assert any_host.port_holders(port) == []
 
 
 # -- SSH only -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import pytest
 from tests.helpers.net import free_port
 from tests.helpers.sshd import assert_group_gone
 from tuner.config import Timeouts
+from tuner.errors import PortHeldError
 from tuner.hosts import Host, SSHHost
 from tuner.launch import LaunchSpec
 from tuner.lifecycle import Server
@@ -162,14 +163,15 @@ def test_stop_escalates_to_kill(any_host: Host, tmp_path: Path) -> None:
         t.cleanup()
 
 
-def test_port_taken_by_someone_else(tracker: Tracker) -> None:
+def test_port_taken_by_someone_else_stops_the_study(tracker: Tracker) -> None:
+    """Not the configuration's failure: a HaltError naming the holder (here: this process)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        res = tracker.restart(fake_spec(port))
-    assert (res.ok, res.failure, res.pgid) == (False, "port_in_use", None)
-    assert str(port) in res.reason
+        with pytest.raises(PortHeldError, match=rf"port {port} is held by PID {os.getpid()} "):
+            tracker.restart(fake_spec(port))
+    assert tracker.server.pgid is None  # nothing was started
 
 
 def test_death_after_ready_is_classified(tracker: Tracker) -> None:

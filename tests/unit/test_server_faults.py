@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from tuner.config import Timeouts
-from tuner.errors import InfraError
+from tuner.errors import CommandTimeout, HostUnreachable, InfraError
 from tuner.hosts import CommandResult
 from tuner.lifecycle import Server
 
@@ -37,12 +37,17 @@ class ScriptedHost:
         dies_on: str | None = "TERM",
         leader: str = "bash -c ( python -m x ); echo",
         gpu_pids: Sequence[str] = (),
+        drops: Exception | None = None,
     ) -> None:
         self.dies_on, self.leader, self.gpu_pids = dies_on, leader, list(gpu_pids)
         self.alive = True
         self.signals: list[str] = []
+        self.drops = drops  # raised by the next signal, as a dropped connection would
 
     def signal_group(self, pgid: int, signal: str) -> bool:
+        if self.drops is not None:
+            exc, self.drops = self.drops, None
+            raise exc
         self.signals.append(signal)
         if signal == self.dies_on or (signal == "KILL" and self.dies_on == "TERM"):
             self.alive = False
@@ -77,7 +82,7 @@ def test_stop_terms_then_waits_for_gpu_release() -> None:
     host = ScriptedHost()
     s, _ = server(host)
     s.stop()
-    assert host.signals == ["TERM"]
+    assert host.signals == ["TERM", "CONT"]  # CONT: a stopped group gets TERM only then
     assert s.pgid is None
 
 
@@ -85,7 +90,7 @@ def test_stop_escalates_to_kill_after_stop_s() -> None:
     host = ScriptedHost(dies_on="KILL")
     s, clock = server(host)
     s.stop()
-    assert host.signals == ["TERM", "KILL"]
+    assert host.signals == ["TERM", "CONT", "KILL"]
     assert clock.now >= T.stop_s
 
 
@@ -116,4 +121,30 @@ def test_other_tenants_on_the_gpu_do_not_block() -> None:
     host = ScriptedHost(gpu_pids=["4242"])
     s, _ = server(host)
     s.stop()
-    assert host.signals == ["TERM"]
+    assert host.signals == ["TERM", "CONT"]
+
+
+@pytest.mark.parametrize(
+    "drop", [HostUnreachable("ssh: connection dropped"), CommandTimeout("ssh: deadline")]
+)
+def test_a_stop_whose_connection_drops_keeps_the_record(drop: InfraError) -> None:
+    host = ScriptedHost(drops=drop)
+    s, _ = server(host)
+    with pytest.raises(type(drop)):
+        s.stop()
+    assert s.pgid == 100 and host.alive  # still known: the next stop finds it
+    s.stop()
+    assert s.pgid is None and not host.alive
+
+
+def test_a_group_that_survives_kill_keeps_its_record() -> None:
+    host = ScriptedHost(dies_on=None)
+    s, _ = server(host)
+    with pytest.raises(InfraError):
+        s.stop()
+    assert s.pgid == 100
+
+
+def test_strays_need_a_marker() -> None:
+    s, _ = server(ScriptedHost())
+    assert s.stop_strays() == []  # without a marker there is nothing to look for

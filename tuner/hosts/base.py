@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 import secrets
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -50,12 +50,40 @@ class Host(Protocol):
         """Run one command (each argument quoted) under a deadline; CommandTimeout past it."""
         ...
 
-    def run_shell(self, script: str, *, timeout: float | None = None) -> CommandResult:
-        """Run a bash script (the caller quoted its values) under a deadline."""
+    def run_shell(
+        self, script: str, *, timeout: float | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
+        """Run a bash script (the caller quoted its values) under a deadline; `stdin` is sent
+        to it (how secrets travel: a script argument is visible in `ps`, stdin is not)."""
         ...
 
-    def start_detached(self, command: str, *, log_path: str, cwd: str | None = None) -> int:
-        """Start `command` (a shell command line) in its own session; return its pgid (= pid)."""
+    def start_detached(
+        self,
+        command: str,
+        *,
+        log_path: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cleanup: Sequence[str] = (),
+    ) -> int:
+        """Start `command` (a shell command line) in its own session; return its pgid (= pid).
+
+        `env` (not for secrets: it is on the start script's command line) is inherited by the
+        whole group; the files in `cleanup` are removed when the command ends.
+        """
+        ...
+
+    def write_file(self, path: str, text: str, mode: int = 0o600) -> None:
+        """Write `text` to `path` (created with `mode`, never wider), through the shell's stdin."""
+        ...
+
+    def marked_groups(self, name: str, value: str) -> list[tuple[int, str]]:
+        """(pgid, command) of every live group with a process whose environment holds exactly
+        `NAME=VALUE` (processes whose /proc/PID/environ we cannot read are skipped)."""
+        ...
+
+    def port_holders(self, port: int) -> list[tuple[int, str]]:
+        """(pid, command) of the processes listening on TCP `port` that we can see."""
         ...
 
     def signal_group(self, pgid: int, signal: str) -> bool:
@@ -100,7 +128,15 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def detached_script(command: str, *, log_path: str, cwd: str | None, nonce: str) -> str:
+def detached_script(
+    command: str,
+    *,
+    log_path: str,
+    cwd: str | None,
+    nonce: str,
+    env: Mapping[str, str] | None = None,
+    cleanup: Sequence[str] = (),
+) -> str:
     """The shell script that starts `command` so that PID = process group = session.
 
     `nohup setsid bash -c INNER > log 2>&1 < /dev/null &` makes the server outlive the SSH session
@@ -109,22 +145,41 @@ def detached_script(command: str, *, log_path: str, cwd: str | None, nonce: str)
     signal the group at once. The inner shell records the exit status in `<log>.exit`.
     The script is idempotent per `nonce`: `<log>.pid` holds "PID NONCE", and a rerun after a
     dropped connection prints that pid instead of starting a second server.
+    The log, `.pid` and `.exit` are created under umask 077 (a server log holds its arguments);
+    the command itself runs with the caller's umask, so files the server creates are as usual.
+    `env` is set on the session leader, so every process of the group inherits it; the files
+    in `cleanup` are removed when the command ends.
     """
     exit_q = shlex.quote(log_path + EXIT_SUFFIX)
     pid_q = shlex.quote(log_path + PID_SUFFIX)
-    inner = f"( {command} ); echo $? > {exit_q}"
+    # $1 is the caller's umask (a positional parameter: no variable leaks into the server).
+    # `trap : TERM` (a handler, not an ignore: the command still gets the default action) keeps
+    # the leader alive after a TERM of the group until the command ended, to record it and clean
+    inner = f'trap : TERM; ( umask "$1"; {command} ); echo $? > {exit_q}'
+    if cleanup:
+        inner += f"; rm -f -- {quote_argv(cleanup)}"
     if cwd:
         inner = f"cd {shlex.quote(cwd)} && {inner}"
+    assigns = "".join(f"{_env_name(k)}={shlex.quote(str(v))} " for k, v in (env or {}).items())
     return (
         f"if [ -s {pid_q} ] && [ \"$(cut -d' ' -f2 {pid_q})\" = {shlex.quote(nonce)} ]; then "
         f"cut -d' ' -f1 {pid_q}; exit 0; fi; "
-        f"mkdir -p -- {shlex.quote(posixpath.dirname(log_path) or '.')}; rm -f {exit_q} {pid_q}; "
-        f"nohup setsid bash -c {shlex.quote(inner)} > {shlex.quote(log_path)} 2>&1 < /dev/null & "
+        "o=$(umask); umask 077; "
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(log_path) or '.')}; "
+        f"rm -f -- {exit_q} {pid_q} {shlex.quote(log_path)}; "
+        f'{assigns}nohup setsid bash -c {shlex.quote(inner)} tuner-server "$o" '
+        f"> {shlex.quote(log_path)} 2>&1 < /dev/null & "
         "p=$!; i=0; "
         'while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
         "&& [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; "
         f'echo "$p {nonce}" > {pid_q}; echo $p'
     )
+
+
+def _env_name(name: str) -> str:
+    if not name.isidentifier() or not name.isascii():
+        raise ValueError(f"bad environment variable name {name!r}")
+    return name
 
 
 def group_pids_script(pgid: int) -> str:
@@ -141,6 +196,81 @@ def port_listen_script(port: int) -> str:
     )
 
 
+def write_file_script(path: str, mode: int) -> str:
+    """Copy stdin to `path` atomically (temp file + rename), never readable beyond `mode`."""
+    q = shlex.quote(path)
+    tmp = shlex.quote(f"{path}.tmp{secrets.token_hex(4)}")
+    return (
+        f"umask 077; mkdir -p -- {shlex.quote(posixpath.dirname(path) or '.')} && "
+        f"cat > {tmp} && chmod {mode:o} {tmp} && mv -f -- {tmp} {q} || {{ rm -f -- {tmp}; exit 1; }}"
+    )
+
+
+def mask_file_script(path: str, replacement: str) -> str:
+    """Replace every secret (one per stdin line, longest first) in the text file `path` by
+    `replacement`, literally (awk's index(), no regex), in place; a missing file is fine.
+
+    The secrets come through stdin: on the command line `ps` would show them.
+    """
+    q = shlex.quote(path)
+    tmp = shlex.quote(f"{path}.tmp{secrets.token_hex(4)}")
+    prog = (
+        "NR == FNR { if (length($0)) s[++n] = $0; next } "
+        '{ for (i = 1; i <= n; i++) { out = ""; line = $0; '
+        "while ((j = index(line, s[i])) > 0) { out = out substr(line, 1, j - 1) R; "
+        "line = substr(line, j + length(s[i])) } $0 = out line } print }"
+    )
+    return (
+        f"umask 077; [ -f {q} ] || exit 0; "
+        f"awk -v R={shlex.quote(replacement)} {shlex.quote(prog)} - {q} > {tmp} "
+        f"&& mv -f -- {tmp} {q} || {{ rm -f -- {tmp}; exit 1; }}"
+    )
+
+
+def marked_groups_script(name: str, value: str) -> str:
+    """`PGID<TAB>PID<TAB>COMMAND` per live process whose environment holds exactly NAME=VALUE.
+
+    One `grep -z` over every /proc/*/environ (NUL-separated entries, whole-entry match); files
+    we may not read are skipped silently (-s). Zombies (state Z) are dead for our purpose.
+    """
+    needle = shlex.quote(f"{name}={value}")
+    return (
+        f"for f in $(grep -lszxF -- {needle} /proc/[0-9]*/environ); do "
+        'd=${f%/environ}; s=$(sed "s/.*) //" $d/stat 2>/dev/null) || continue; '
+        'set -- $s; [ -n "$3" ] && [ "$1" != Z ] || continue; '
+        "c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); "
+        'printf "%s\\t%s\\t%s\\n" "$3" "${d#/proc/}" "$c"; done; true'
+    )
+
+
+def port_holders_script(port: int) -> str:
+    """`PID<TAB>COMMAND` per process with an fd on a socket listening on TCP `port`.
+
+    /proc/net/tcp{,6} give the listening sockets' inodes; /proc/*/fd links name them
+    (`socket:[INODE]`), readable for our own processes only.
+    """
+    hexport = f"{int(port):04X}"
+    return (
+        "ino=$(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | "
+        f"awk '$2 ~ /:{hexport}$/ && $4 == \"0A\" && $10 != 0 {{print $10}}'); "
+        "for i in $ino; do "
+        'find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\\[$i\\]" 2>/dev/null; '
+        "done | cut -d/ -f3 | sort -un | while read -r p; do "
+        "c=$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null); "
+        '[ -n "$c" ] && printf "%s\\t%s\\n" "$p" "$c"; done; true'
+    )
+
+
+def _pairs(text: str) -> list[tuple[int, str]]:
+    """`NUMBER<TAB>TEXT` lines -> [(number, text)], first per number, malformed lines dropped."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        num, _, rest = line.partition("\t")
+        if num.strip().isdigit():
+            out.setdefault(int(num), rest.strip())
+    return list(out.items())
+
+
 class ShellHost:
     """Everything but running a script, fetching a file and closing, built on `run_shell`."""
 
@@ -149,7 +279,9 @@ class ShellHost:
     #: deadline of helper commands (tail, signal, ps ...)
     command_timeout_s: float = 30.0
 
-    def run_shell(self, script: str, *, timeout: float | None = None) -> CommandResult:
+    def run_shell(
+        self, script: str, *, timeout: float | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
         raise NotImplementedError
 
     def fetch(self, remote_path: str, local_path: str) -> None:
@@ -162,11 +294,52 @@ class ShellHost:
         """Run one command, each argument quoted, under a deadline."""
         return self.run_shell(quote_argv(argv), timeout=timeout)
 
-    def start_detached(self, command: str, *, log_path: str, cwd: str | None = None) -> int:
+    def start_detached(
+        self,
+        command: str,
+        *,
+        log_path: str,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cleanup: Sequence[str] = (),
+    ) -> int:
         """Start `command` in its own session writing to `log_path`; return its pgid."""
         nonce = secrets.token_hex(8)
-        res = self._checked(detached_script(command, log_path=log_path, cwd=cwd, nonce=nonce))
+        script = detached_script(
+            command, log_path=log_path, cwd=cwd, nonce=nonce, env=env, cleanup=cleanup
+        )
+        res = self._checked(script)
         return int(res.stdout.strip().splitlines()[-1])
+
+    def write_file(self, path: str, text: str, mode: int = 0o600) -> None:
+        """Stream `text` to `path` through stdin (never on a command line), created with `mode`."""
+        if mode & ~0o777:
+            raise ValueError(f"bad file mode {mode:o}")
+        res = self.run_shell(
+            write_file_script(path, mode), timeout=self.command_timeout_s, stdin=text.encode()
+        )
+        if not res.ok:
+            raise InfraError(
+                f"{self.name}: cannot write {path} (exit {res.exit_code}): "
+                f"{(res.stderr or res.stdout).strip()[:200]}"
+            )
+
+    def marked_groups(self, name: str, value: str) -> list[tuple[int, str]]:
+        """Live groups whose processes carry NAME=VALUE in their environment: (pgid, command)."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"bad environment variable name {name!r}")
+        out: dict[int, str] = {}
+        for line in self._checked(marked_groups_script(name, value)).stdout.splitlines():
+            pgid, pid, command = [*line.split("\t", 2), "", ""][:3]
+            if not (pgid.isdigit() and pid.isdigit()):
+                continue
+            if pgid == pid or int(pgid) not in out:  # the leader's command names the group
+                out[int(pgid)] = command.strip()
+        return sorted(out.items())
+
+    def port_holders(self, port: int) -> list[tuple[int, str]]:
+        """(pid, command) of the visible processes listening on TCP `port`."""
+        return _pairs(self._checked(port_holders_script(port)).stdout)
 
     def signal_group(self, pgid: int, signal: str) -> bool:
         """`kill -SIG -- -PGID`; False when the group does not exist."""

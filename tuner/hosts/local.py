@@ -27,13 +27,15 @@ class LocalHost(ShellHost):
         self.address = address
         self.command_timeout_s = command_timeout_s
 
-    def run_shell(self, script: str, *, timeout: float | None = None) -> CommandResult:
+    def run_shell(
+        self, script: str, *, timeout: float | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
         """`bash -c script`; stdout and stderr drained together by communicate()."""
         limit = self.command_timeout_s if timeout is None else timeout
         try:
             proc = subprocess.Popen(
                 ["bash", "-c", script],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # a deadline kills the script's whole group
@@ -41,7 +43,7 @@ class LocalHost(ShellHost):
         except OSError as exc:  # bash missing, fork failed: the host, not the user
             raise HostUnreachable(f"local: cannot run bash: {exc}") from exc
         try:
-            out, err = proc.communicate(timeout=limit)
+            out, err = proc.communicate(stdin, timeout=limit)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

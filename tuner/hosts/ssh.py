@@ -98,6 +98,16 @@ _NEVER_RETRY = (paramiko.AuthenticationException, paramiko.BadHostKeyException, 
 _CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError)
 
 
+#: paramiko's AuthenticationException messages that mean the link failed, not the credentials
+_LINK_DROPPED = ("transport shut down or saw eof", "authentication timeout")
+
+
+def _link_dropped(exc: paramiko.AuthenticationException) -> bool:
+    """A dropped or stalled link during auth: retried like any connection failure."""
+    text = str(exc).lower()
+    return any(m in text for m in _LINK_DROPPED)
+
+
 @dataclass(frozen=True)
 class _Resolved:
     hostname: str
@@ -208,6 +218,11 @@ class SSHHost(ShellHost):
                 look_for_keys=o.look_for_keys,
                 sock=sock,
             )
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            if _link_dropped(exc):
+                raise EOFError(f"connection dropped during authentication: {exc}") from None
+            raise
         except BaseException:
             client.close()
             raise
@@ -273,7 +288,9 @@ class SSHHost(ShellHost):
 
     # -- commands ---------------------------------------------------------------------------
 
-    def run_shell(self, script: str, *, timeout: float | None = None) -> CommandResult:
+    def run_shell(
+        self, script: str, *, timeout: float | None = None, stdin: bytes | None = None
+    ) -> CommandResult:
         """Run `bash -c script` remotely; one reconnect and retry after a dropped connection.
 
         Our helper scripts are idempotent, and `start_detached` prints the pid only once the
@@ -282,7 +299,7 @@ class SSHHost(ShellHost):
         """
         limit = self.command_timeout_s if timeout is None else timeout
         try:
-            return self._exec(script, limit)
+            return self._exec(script, limit, stdin)
         except CommandTimeout:
             raise
         except _CONNECTION_ERRORS as exc:
@@ -291,20 +308,23 @@ class SSHHost(ShellHost):
             log.warning("%s: connection dropped (%s); reconnecting", self.name, exc)
             self._drop()
         try:
-            return self._exec(script, limit)
+            return self._exec(script, limit, stdin)
         except CommandTimeout:
             raise
         except _CONNECTION_ERRORS as exc:
             self._drop()
             raise HostUnreachable(f"{self.name}: connection dropped: {exc}") from exc
 
-    def _exec(self, script: str, limit: float) -> CommandResult:
+    def _exec(self, script: str, limit: float, stdin: bytes | None = None) -> CommandResult:
         deadline = time.monotonic() + limit
         # the remote `timeout` ends a command we gave up on; +2 s so our deadline fires first
         remote = f"timeout -k 2 {limit + 2:.0f} bash -c {shlex.quote(script)}"
         chan = self.transport().open_session(timeout=self.options.channel_timeout_s)
         try:
             chan.exec_command(remote)
+            if stdin is not None:  # e.g. a secret: never on the command line, which ps shows
+                chan.sendall(stdin)
+            chan.shutdown_write()  # EOF: a script reading stdin ends instead of waiting
             out, err = bytearray(), bytearray()
             pause = 0.001
             while True:

@@ -36,6 +36,25 @@ class FailureClass(enum.StrEnum):
     ARGS_MISMATCH = "args_mismatch"
 
 
+#: failures with SGLang's own evidence that the flags caused them (sglang-reference.md 6): only
+#: these make a trial infeasible; every other class is the world's until it reproduces
+CONFIG_FAILURES = frozenset(
+    {
+        FailureClass.OOM_CUDA_GRAPH,
+        FailureClass.OOM_RUNTIME,
+        FailureClass.NOT_ENOUGH_MEMORY,
+        FailureClass.HOST_MEMORY,
+        FailureClass.BAD_FLAG,
+        FailureClass.ARGS_MISMATCH,
+    }
+)
+
+
+def is_config_failure(failure: str | None) -> bool:
+    """True when the failure class is evidence against the configuration itself."""
+    return failure in CONFIG_FAILURES
+
+
 #: the line SGLang logs once the warm-up request succeeded (the server is ready)
 READY_LINE = re.compile(r"The server is fired up and ready to roll", re.I)
 #: lines SGLang logs once the weights are loaded / the KV pool is allocated
@@ -96,3 +115,32 @@ def explain_failure(exit_code: int | None, log_tail: Sequence[str]) -> tuple[Fai
     last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
     why = f"exit code {exit_code}" if exit_code is not None else "killed by a signal"
     return FailureClass.CRASHED, f"{why}: {last}" if last else why
+
+
+#: bash's codes for "found but not executable" and "not found"
+SETUP_EXIT_CODES = frozenset({126, 127})
+_SETUP_LINE = re.compile(
+    r"command not found|no such file or directory|permission denied|not found$", re.I
+)
+
+
+def setup_failure(
+    exit_code: int | None, log_tail: Sequence[str], program: str, module: str | None = None
+) -> str | None:
+    """The evidence that a start failed because of the user's setup, not the flags, or None.
+
+    Setup means the launch command itself: bash's exit 126/127, a "command not found", "No such
+    file or directory" or "Permission denied" line naming `program`, or Python's "No module
+    named M" for the `-m` module `module` (SGLang not installed). SGLang's own errors about
+    other files (a missing model path) are not taken for it.
+    """
+    lines = [ln.strip() for ln in log_tail if ln.strip()]
+    base = program.rsplit("/", 1)[-1]
+    for ln in reversed(lines):
+        if _SETUP_LINE.search(ln) and (program in ln or f"{base}:" in ln):
+            return ln
+        if module and re.search(rf"No module named '?{re.escape(module.split('.')[0])}\b", ln):
+            return ln
+    if exit_code in SETUP_EXIT_CODES:
+        return lines[-1] if lines else f"exit code {exit_code}"
+    return None
