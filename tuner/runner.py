@@ -4,29 +4,55 @@ No optuna here: `TrialRunner.run` returns a `TrialOutcome` (tuner/trial.py) and 
 it to a trial state. The server and the load run are seams (constructor arguments): the real
 `lifecycle.Server` and `loadgen` in a study, the simulator or scripted fakes in tests.
 
-Decisions made here: whether a restart is needed (the live server's flags differ, or it died),
-what a failed start teaches the pre-check (`_learn_failure`), whether a run stopped by errors
-was the server's death, and that a flag the server's parser rejects stops the whole study.
+Decisions made here: whether a restart is needed (the live server's flags differ, or it died or
+hung), what a failed start teaches the pre-check (`_learn_failure`), whose failure a failed
+start, a death or a hang was, and that a flag the server's parser rejects stops the whole study.
+
+Whose failure it was, by evidence (design principle 11):
+
+- a start that failed with SGLang's own evidence against the flags (a class in
+  `sglang.failures.CONFIG_FAILURES`: OOM, not enough memory, host memory, args mismatch) is the
+  configuration's: `start_failed`, infeasible. `bad_flag` stops the study (`rejected_flags`).
+- any other failed start (a crash without an SGLang message, not ready in time, a port race)
+  is the world's: `world` (tuning.py fails it and retries within bounds; a failure that
+  reproduces on every retry becomes the configuration's there).
+- a death under load is the configuration's (`died`) only with evidence (e.g. `oom_runtime`);
+  a death without it (killed by a signal, no SGLang message) is `world`.
+- a server that stopped answering (the load run ended `unresponsive`) and then does not answer
+  /health either, while its process lives, hung: it is stopped and the trial is `world` with
+  failure `hung` -- never a measured 0. A server that answered none of the load's requests is
+  the same. A slow server that still answers /health is measured as it ran.
+- a reused server is checked alive and answering before its load run; a dead or hung one is
+  restarted instead of measured.
+
+Deadlines: `run(..., deadline=clock() + trial_timeout)`. Each phase gets min(its own bound,
+the time left) where the seam takes one (the load run's `time_limit_s`, the /health probe);
+between phases a passed deadline raises TrialTimeout naming the phase. `phase` is the phase the
+current trial reached; every change is appended to `<trial_dir>/phases.log` as
+`<unix time, ms> <phase>` (phases: restart, spawn, ready, warmup, load, scoring, done).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.config import StudyConfig
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TrialTimeout
 from tuner.launch import LaunchSpec, build_launch, redact_argv
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import goodput
 from tuner.precheck import Hardware, Knowledge, precheck
-from tuner.sglang.failures import FailureClass
+from tuner.sglang.failures import FailureClass, is_config_failure
 from tuner.sglang.flags import version_hint
 from tuner.space import canonical, client_params, server_flags
 from tuner.trial import Status, TrialOutcome, failed_outcome, measured_outcome
@@ -37,6 +63,10 @@ if TYPE_CHECKING:
 
 #: after a run stopped by errors, how long to watch for the server's death before blaming errors
 DEATH_GRACE_S = 5.0
+#: the failure class of a server whose process lives but that stopped answering
+HUNG = "hung"
+#: the phases a trial goes through, in order (a reused server skips restart and spawn)
+PHASES = ("restart", "spawn", "ready", "warmup", "load", "scoring", "done")
 
 
 class ServerControl(Protocol):
@@ -49,9 +79,14 @@ class ServerControl(Protocol):
     def stop(self) -> float: ...
     def fetch_log(self, local_path: str) -> bool: ...
 
+    # also, where the lifecycle has it: responsive(timeout_s: float) -> bool (alive servers
+    # only: does it answer /health within timeout_s); without it the runner asks /health itself
 
-#: (base_url, client-side params such as concurrency and request-rate) -> one load run
-LoadRun = Callable[[str, Mapping[str, Any]], "LoadResult"]
+
+#: (base_url, client-side params such as concurrency and request-rate) -> one load run; it may
+#: also take keywords `time_limit_s` (the trial's time left) and `on_phase` (called with
+#: "warmup" and "load"), as `loadgen.run_load_sync` does
+LoadRun = Callable[..., "LoadResult"]
 
 
 def score_load(result: LoadResult, slo: SLOSection) -> dict[str, Any]:
@@ -112,6 +147,12 @@ class TrialRunner:
         self.clock, self.sleep = clock, sleep
         self._running_key: str | None = None  # canonical server flags of the live server
         self.reuses = 0
+        #: the phase the current (or last) trial reached; one of PHASES
+        self.phase = "done"
+        self.deadline: float | None = None
+        self._phases_log: Path | None = None
+        self._logged: str | None = None  # the last phase written to this trial's phases.log
+        self._load_kw = _keywords(run_load, ("time_limit_s", "on_phase"))
 
     def flags_for(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Fixed server flags plus the trial's server-side params."""
@@ -123,57 +164,180 @@ class TrialRunner:
         params: Mapping[str, Any],
         trial_dir: Path,
         on_start: Callable[[int], None] | None = None,
+        deadline: float | None = None,
     ) -> TrialOutcome:
-        """One trial; raises InfraError (from the server or host) when the world failed.
+        """One trial; raises InfraError (from the server or host) when the world failed, and
+        TrialTimeout (naming the phase) when `deadline` (a `clock()` value) passes.
 
         `on_start(pgid)` is called as soon as a server process group exists, so a kill of the
         tuner mid-trial still leaves a record of what to stop.
         """
         trial_dir.mkdir(parents=True, exist_ok=True)
+        self.deadline = deadline
+        self._phases_log = trial_dir / "phases.log"
+        self._logged = None
         flags = self.flags_for(params)
         objective = self.cfg.objective
         verdict = precheck(flags, self.hardware, self.knowledge)
         if not verdict.feasible:
+            self._enter("done", check=False)
             return failed_outcome(
                 objective, Status.REJECTED, verdict.reason, verdict.kind, flags=flags
             )
-        restarted = self._running_key != canonical(flags) or self.server.check() is not None
+        replaced = None
+        if self._running_key == canonical(flags):
+            self._enter("ready")
+            replaced = self._unusable()
+        restarted = self._running_key != canonical(flags) or replaced is not None
         info: dict[str, Any] = {}
         if restarted:
+            self._enter("restart")
             result = self._restart(number, flags, trial_dir, on_start)
             if not result.ok:
-                return failed_outcome(
-                    objective,
-                    Status.START_FAILED,
-                    result.reason,
-                    result.failure,
-                    server_info=result.facts(),
-                    restarted=True,
-                    launched=True,
-                    flags=flags,
-                )
+                self._enter("done", check=False)
+                return self._start_failed(result, flags)
+            self._enter("ready")
             info = result.facts()
+            if replaced is not None:
+                info["replaced"] = replaced
         else:
             self.reuses += 1
-        load = self.run_load(self.base_url, client_params(params))
+        load = self._load(params)
+        self._enter("scoring")
+        outcome = self._judge(load, flags, info, restarted, trial_dir)
+        self._enter("done", check=False)
+        return outcome
+
+    def stop(self) -> None:
+        self._running_key = None
+        self.server.stop()
+
+    # --- phases and deadlines --------------------------------------------------------------
+
+    def _enter(self, phase: str, *, check: bool = True) -> None:
+        """Move to `phase` (logged when it changes); first, a passed deadline ends the trial
+        in the phase it passed in."""
+        if check and self.deadline is not None and self.clock() >= self.deadline:
+            raise TrialTimeout(self._timeout_reason())
+        if phase == self._logged:
+            return
+        self.phase = self._logged = phase
+        if self._phases_log is not None:
+            # the tests' kill points and a person's post-mortem read this; losing it is harmless
+            with contextlib.suppress(OSError), self._phases_log.open("a") as f:
+                f.write(f"{time.time():.3f} {phase}\n")
+
+    def _timeout_reason(self) -> str:
+        return f"trial_timeout {self.cfg.budget.trial_timeout:g} s passed during {self.phase}"
+
+    def _left(self) -> float | None:
+        """Seconds until the deadline (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - self.clock()
+
+    def _on_load_phase(self, phase: str) -> None:
+        # called from the load run's event loop: no deadline check here, the run has its own
+        self._enter(phase, check=False)
+
+    # --- the server ---------------------------------------------------------------------
+
+    def _unusable(self) -> str | None:
+        """Why the live server cannot be reused (dead, or alive and not answering), or None."""
+        died = self.server.check()
+        if died is not None:
+            return f"died before this trial ({died.failure}: {died.reason})"
+        if not self._responsive():
+            self._stop_hung()
+            return f"{HUNG}: alive but /health did not answer"
+        return None
+
+    def _responsive(self) -> bool:
+        """Does the (alive) server answer /health within min(timeouts.http_s, time left)?"""
+        left, own = self._left(), float(self.cfg.target.timeouts.http_s)
+        timeout = own if left is None else max(0.5, min(own, left))
+        probe = getattr(self.server, "responsive", None)
+        if probe is not None:
+            return bool(probe(timeout))
+        return _health_ok(self.base_url, timeout)
+
+    def _stop_hung(self) -> None:
+        self._running_key = None
+        self.server.stop()
+
+    def _start_failed(self, result: StartResult, flags: Mapping[str, Any]) -> TrialOutcome:
+        """A failed start: the configuration's with SGLang's evidence, else the world's."""
+        status = Status.START_FAILED if is_config_failure(result.failure) else Status.WORLD
+        return failed_outcome(
+            self.cfg.objective,
+            status,
+            result.reason,
+            result.failure,
+            server_info=result.facts(),
+            restarted=True,
+            launched=True,
+            flags=flags,
+        )
+
+    # --- the load run and its verdict ---------------------------------------------------------
+
+    def _load(self, params: Mapping[str, Any]) -> LoadResult:
+        self._enter("warmup")
+        kw: dict[str, Any] = {}
+        if self._load_kw:
+            kw = {"time_limit_s": self._left(), "on_phase": self._on_load_phase}
+        try:
+            return self.run_load(self.base_url, client_params(params), **kw)
+        except TrialTimeout as exc:
+            raise TrialTimeout(f"{self._timeout_reason()} ({exc})") from exc
+
+    def _judge(
+        self,
+        load: LoadResult,
+        flags: Mapping[str, Any],
+        info: dict[str, Any],
+        restarted: bool,
+        trial_dir: Path,
+    ) -> TrialOutcome:
+        """The outcome of a load run: measured, died (config's or world's), or hung."""
+        objective = self.cfg.objective
         died = self._death_after(load)
+        hung = None if died is not None else self._hang_after(load)
         metrics = score_load(load, objective.slo)
         self._save_metrics(trial_dir, metrics, load)
         self._save_log(trial_dir)
         kw = {"server_info": info, "restarted": restarted, "launched": restarted, "flags": flags}
         if died is not None:
             self._running_key = None
-            reason = f"server died under load ({died.failure})"
+            if is_config_failure(died.failure):
+                reason = f"server died under load ({died.failure})"
+                return failed_outcome(
+                    objective, Status.DIED, reason, died.failure, metrics=metrics, **kw
+                )
+            reason = f"server died under load without SGLang's evidence ({died.reason})"
             return failed_outcome(
-                objective, Status.DIED, reason, died.failure, metrics=metrics, **kw
+                objective, Status.WORLD, reason, died.failure, metrics=metrics, **kw
             )
+        if hung is not None:
+            return failed_outcome(objective, Status.WORLD, hung, HUNG, metrics=metrics, **kw)
         # a run cut by its error budget is the server's doing, not a client that lagged
         lagged = load.flagged and load.stopped != "error_budget"
         return measured_outcome(objective, metrics, client_lagged=lagged, **kw)
 
-    def stop(self) -> None:
-        self._running_key = None
-        self.server.stop()
+    def _hang_after(self, load: LoadResult) -> str | None:
+        """Why the run measured a hang rather than the configuration (the server is stopped
+        then), or None. Only a run that ended `unresponsive` is suspect."""
+        if load.stopped != "unresponsive":
+            return None
+        silent = float(getattr(load, "silent_s", 0.0))
+        if not self._responsive():
+            self._stop_hung()
+            return (
+                f"server stopped answering during the load run (silent {silent:.0f} s, "
+                "/health did not answer either); stopped it"
+            )
+        if not load.records:
+            self._stop_hung()
+            return "server answered /health but none of the load run's requests; stopped it"
+        return None
 
     def _restart(
         self,
@@ -193,7 +357,14 @@ class TrialRunner:
         (trial_dir / "launch.txt").write_text(" ".join(redact_argv(spec.argv)) + "\n")
         self._running_key = None
         log = f"{target.workdir or '/tmp'}/tuner-{self.cfg.study}-trial{number}.log"
-        result = self.server.restart(spec, log, on_start)
+
+        def launched(pgid: int) -> None:
+            # the record first: a kill right after must still find the group
+            if on_start is not None:
+                on_start(pgid)
+            self._enter("spawn", check=False)
+
+        result = self.server.restart(spec, log, launched)
         self._save_log(trial_dir)
         if result.ok:
             self._running_key = canonical(flags)
@@ -235,3 +406,23 @@ class TrialRunner:
         with (trial_dir / "requests.jsonl").open("w") as f:
             for rec in load.records:
                 f.write(json.dumps(asdict(rec), default=str) + "\n")
+
+
+def _keywords(fn: Callable[..., Any], names: Sequence[str]) -> bool:
+    """Does `fn` take every keyword in `names` (or **kwargs)?"""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(n in params for n in names)
+
+
+def _health_ok(base_url: str, timeout_s: float) -> bool:
+    """GET /health answered 200 within `timeout_s` (a server that stopped answers nothing)."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

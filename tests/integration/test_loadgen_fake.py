@@ -15,6 +15,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,8 +23,8 @@ import pytest
 from aiohttp import web
 
 from tuner.config import WorkloadSection
-from tuner.errors import ConfigError, HostUnreachable
-from tuner.loadgen import LoadOptions, load_options, make_session, run_load, run_load_sync
+from tuner.errors import ConfigError, HostUnreachable, TrialTimeout
+from tuner.loadgen import Bounds, LoadOptions, load_options, make_session, run_load, run_load_sync
 from tuner.metrics import summarize
 from tuner.workload import Request, requests_for
 
@@ -36,6 +37,7 @@ class FakeConfig:
     hang_every: int = 0  # every k-th request never answers
     api_key: str | None = None
     first_token_delay_s: float = 0.0
+    freeze_after: int = 0  # after this many requests the server stops answering (SIGSTOP-like)
 
 
 class FakeSGLang:
@@ -50,6 +52,12 @@ class FakeSGLang:
         self.flushes = 0
         self.seen_auth: list[str | None] = []
         self._rendered: dict[tuple[int, int], list[bytes]] = {}  # native events, pre-encoded
+        self.frozen = False
+
+    async def _frozen(self) -> None:
+        """A stopped process: accepted connections get nothing, streams stop mid-response."""
+        if self.frozen:
+            await asyncio.sleep(3600)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -66,13 +74,16 @@ class FakeSGLang:
         return web.Response(text="")
 
     async def models(self, request: web.Request) -> web.Response:
+        await self._frozen()
         return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
 
     async def flush(self, request: web.Request) -> web.Response:
+        await self._frozen()
         self.flushes += 1
         return web.Response(text="Cache flushed.")
 
     async def metrics(self, request: web.Request) -> web.Response:
+        await self._frozen()
         lines = [
             "# TYPE sglang:generation_tokens_total counter",
             f'sglang:generation_tokens_total{{model_name="fake"}} {self.gen_tokens}',
@@ -91,9 +102,13 @@ class FakeSGLang:
         self.seen_auth.append(auth)
         if self.cfg.api_key and auth != f"Bearer {self.cfg.api_key}":
             return {}, web.json_response({"error": "Unauthorized"}, status=401)
+        await self._frozen()
         body = await request.json()
         self.n_requests += 1
         k = self.n_requests
+        if self.cfg.freeze_after and k > self.cfg.freeze_after:
+            self.frozen = True
+            await self._frozen()
         if self.cfg.fail_every and k % self.cfg.fail_every == 0:
             return body, web.json_response({"error": {"message": "boom"}}, status=500)
         if self.cfg.hang_every and k % self.cfg.hang_every == 0:
@@ -108,6 +123,7 @@ class FakeSGLang:
             if self.cfg.first_token_delay_s:
                 await asyncio.sleep(self.cfg.first_token_delay_s)
             for ev in events:
+                await self._frozen()
                 if not isinstance(ev, bytes):
                     ev = b"data: " + json.dumps(ev).encode() + b"\n\n"
                 await resp.write(ev)
@@ -405,6 +421,73 @@ def test_flush_cache_is_called() -> None:
     with ServerThread(fake) as srv:
         run_load_sync(srv.url, _reqs(2), _opts(flush_cache=True, flush_pause_s=0.0))
     assert fake.flushes == 1
+
+
+def test_a_server_that_stops_answering_ends_the_run_unresponsive_within_the_stall() -> None:
+    # 20 s window: the stall bound (5 s) ends the run long before the window would
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.01, freeze_after=12))
+    opts = _opts(duration_s=20, concurrency=4, warmup_requests=1, flush_cache=True)
+    bounds = Bounds.of(opts)
+    with ServerThread(fake) as srv:
+        t0 = time.monotonic()
+        res = run_load_sync(srv.url, _reqs(200, out=40, range_ratio=1.0), opts)
+        took = time.monotonic() - t0
+    print(
+        f"\nfrozen server: run took {took:.1f} s; stall {bounds.stall_s} s, bound {bounds.total_s} s"
+    )
+    assert res.stopped == "unresponsive" and res.unresponsive
+    assert res.silent_s >= bounds.stall_s
+    assert took < bounds.total_s and took < opts.duration_s  # the window was not waited out
+    m = res.metrics()
+    assert m.completed >= 1 and m.cancelled >= 1  # what it measured before the freeze is kept
+    assert res.summary()["stopped"] == "unresponsive"
+
+
+def test_a_window_that_ends_in_silence_is_marked_unresponsive() -> None:
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.01, freeze_after=6))
+    opts = _opts(duration_s=2.0, concurrency=2, warmup_requests=0)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, _reqs(100, out=20, range_ratio=1.0), opts)
+    assert res.stopped == "unresponsive" and res.silent_s >= Bounds.of(opts).quiet_s
+
+
+def test_ordinary_errors_and_a_slow_stream_are_not_unresponsive() -> None:
+    fake = FakeSGLang(FakeConfig(fail_every=3, token_delay_s=0.05))
+    opts = _opts(duration_s=1.5, concurrency=2, warmup_requests=0, max_error_rate=1)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, _reqs(100, out=10), opts)
+    assert res.stopped == "duration" and res.metrics().errors > 0
+
+
+def test_a_warm_up_answered_by_nothing_ends_the_run_at_once() -> None:
+    fake = FakeSGLang(FakeConfig())
+    fake.frozen = True
+    opts = _opts(duration_s=30, request_timeout_s=1.5, warmup_requests=2, flush_cache=True)
+    phases: list[str] = []
+    with ServerThread(fake) as srv:
+        t0 = time.monotonic()
+        res = run_load_sync(srv.url, _reqs(20), opts, on_phase=phases.append)
+        took = time.monotonic() - t0
+    print(f"\nsilent warm-up: run took {took:.1f} s (warm-up bound {Bounds.of(opts).warmup_s} s)")
+    assert res.stopped == "unresponsive" and res.records == () and res.silent_s >= 1.0
+    assert took < 10 and phases == ["warmup"]  # no flush, no timed run against a hung server
+
+
+def test_the_callers_time_limit_cuts_the_whole_run() -> None:
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.01))
+    phases: list[str] = []
+    with ServerThread(fake) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(TrialTimeout, match="time left"):
+            run_load_sync(
+                srv.url,
+                _reqs(500, out=40),
+                _opts(duration_s=30),
+                time_limit_s=1.0,
+                on_phase=phases.append,
+            )
+        took = time.monotonic() - t0
+    assert took < 10 and phases == ["warmup", "load"]
 
 
 def _main() -> None:

@@ -11,15 +11,17 @@ where the client itself lagged (event-loop overshoot, CPU saturation): discard, 
 
 Modules: `options` (LoadOptions from the study's workload section), `client` (payloads and
 stream parsing), `timed` (the timed run), `monitor` (the self-check), `result` (LoadResult),
-`run` (warm-up, flush, the entry points).
+`run` (warm-up, flush, the entry points), `bounds` (every step's deadline, from the window).
 """
 
+from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.options import MAX_LOOP_LAG_MS, LoadOptions, load_options
 from tuner.loadgen.result import LoadResult, SelfCheck
 from tuner.loadgen.run import make_session, run_load, run_load_sync
 
 __all__ = [
     "MAX_LOOP_LAG_MS",
+    "Bounds",
     "LoadOptions",
     "LoadResult",
     "SelfCheck",

@@ -2,7 +2,8 @@
 
 Streams are parsed cheaply: native `/generate` events carry cumulative `completion_tokens` (read
 with a regex, no full JSON parse of the growing text), OpenAI events carry deltas and a final
-usage. Every outcome but cancellation becomes a `RequestRecord`.
+usage. Every outcome but cancellation becomes a `RequestRecord`. The client notes when the server
+last sent anything (`Client.heard_at`): a run that hears nothing stops (tuner/loadgen/bounds.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -68,6 +70,20 @@ class Client:
         self.headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
         self.timeout = aiohttp.ClientTimeout(total=options.request_timeout_s)
         self.path = _PATHS[options.backend]
+        #: perf_counter() of the last status line or byte the server sent (0: nothing yet)
+        self.heard_at = 0.0
+        #: since when the server owes us something: its last byte, or the first request sent
+        #: after it was idle (a timed-out request does not reset it: it was never answered)
+        self.waiting_since = 0.0
+        self.pending = 0  # requests in flight
+
+    def hear(self) -> None:
+        """The server sent something: it is not hung."""
+        self.heard_at = self.waiting_since = time.perf_counter()
+
+    def silence(self, now: float) -> float:
+        """Seconds the server has sent nothing while requests waited on it (0: none waits)."""
+        return max(0.0, now - self.waiting_since) if self.pending else 0.0
 
     def payload(self, req: Request) -> dict[str, Any]:
         """The request body for this backend (greedy, ignore_eos: exact output lengths)."""
@@ -101,22 +117,42 @@ class Client:
             body["messages"] = [{"role": "user", "content": req.prompt_text()}]
         return body
 
-    async def send(self, req: Request, st: RequestState) -> None:
-        """Send one request, filling `st`. Raises RequestFailed and aiohttp's errors."""
+    async def send(self, req: Request, st: RequestState, timeout_s: float | None = None) -> None:
+        """Send one request, filling `st`; `timeout_s` bounds its total time (default: the
+        request timeout). Raises RequestFailed, TimeoutError and aiohttp's errors."""
         body = self.payload(req)
         t0 = st.t0 = st.last_t = time.perf_counter()
+        timeout = self.timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        if not self.pending and self.heard_at >= self.waiting_since:
+            self.waiting_since = t0  # the server was idle, not silent, until now
+        self.pending += 1
+        try:
+            await self._post(req, body, st, t0, timeout)
+        finally:
+            self.pending -= 1
+
+    async def _post(
+        self,
+        req: Request,
+        body: dict[str, Any],
+        st: RequestState,
+        t0: float,
+        timeout: aiohttp.ClientTimeout,
+    ) -> None:
         async with self.session.post(
-            self.base + self.path, json=body, headers=self.headers, timeout=self.timeout
+            self.base + self.path, json=body, headers=self.headers, timeout=timeout
         ) as resp:
+            self.hear()
             if resp.status != 200:
                 text = (await resp.text())[:200].replace("\n", " ")
                 raise RequestFailed(f"http {resp.status}: {text}")
             if not self.opt.stream:
                 _read_whole(await resp.json(content_type=None), st, t0)
+                self.hear()
             elif self.opt.backend == "sglang":
-                await _read_native(resp, st, t0)
+                await _read_native(resp, st, t0, self.hear)
             else:
-                await _read_openai(resp, st, t0)
+                await _read_openai(resp, st, t0, self.hear)
 
     async def scrape(self) -> Samples | None:
         """The server's /metrics, or None when it has no SGLang metrics (or no answer)."""
@@ -132,11 +168,13 @@ class Client:
         samples = parse_prometheus(text)
         return samples if any(k.startswith("sglang:") for k in samples) else None
 
-    async def served_model(self) -> str:
+    async def served_model(self, timeout_s: float) -> str:
         """The first model `/v1/models` lists (OpenAI endpoints want a model name)."""
         try:
             async with self.session.get(
-                self.base + "/v1/models", headers=self.headers, timeout=self.timeout
+                self.base + "/v1/models",
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 if resp.status == 200:
                     data = await resp.json(content_type=None)
@@ -145,11 +183,13 @@ class Client:
             pass
         return "default"
 
-    async def flush(self) -> bool:
+    async def flush(self, timeout_s: float) -> bool:
         """POST /flush_cache once; True when the server flushed (it refuses while busy)."""
         try:
             async with self.session.post(
-                self.base + "/flush_cache", headers=self.headers, timeout=self.timeout
+                self.base + "/flush_cache",
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
@@ -167,11 +207,14 @@ def _read_whole(data: Any, st: RequestState, t0: float) -> None:
     st.cached = info.get("cached_tokens")
 
 
-async def _read_native(resp: aiohttp.ClientResponse, st: RequestState, t0: float) -> None:
+async def _read_native(
+    resp: aiohttp.ClientResponse, st: RequestState, t0: float, hear: Callable[[], None]
+) -> None:
     last = b""
     buf = b""
     async for data in resp.content.iter_any():
         now = time.perf_counter()
+        hear()
         lines = (buf + data if buf else data).split(b"\n")
         buf = lines.pop()
         newest = None
@@ -198,12 +241,15 @@ async def _read_native(resp: aiohttp.ClientResponse, st: RequestState, t0: float
         st.cached = int(m.group(1))
 
 
-async def _read_openai(resp: aiohttp.ClientResponse, st: RequestState, t0: float) -> None:
+async def _read_openai(
+    resp: aiohttp.ClientResponse, st: RequestState, t0: float, hear: Callable[[], None]
+) -> None:
     buf = b""
     chunks = 0
     usage: dict[str, Any] | None = None
     async for data in resp.content.iter_any():
         now = time.perf_counter()
+        hear()
         lines = (buf + data if buf else data).split(b"\n")
         buf = lines.pop()
         new = 0
@@ -267,11 +313,18 @@ def make_record(
     )
 
 
-async def send_one(client: Client, req: Request, run_t0: float, st: RequestState) -> RequestRecord:
-    """Send `req`; every outcome but cancellation becomes a record."""
+async def send_one(
+    client: Client,
+    req: Request,
+    run_t0: float,
+    st: RequestState,
+    timeout_s: float | None = None,
+) -> RequestRecord:
+    """Send `req` (within `timeout_s`, default the request timeout); every outcome but
+    cancellation becomes a record."""
     error = None
     try:
-        await client.send(req, st)
+        await client.send(req, st, timeout_s)
     except (TimeoutError, aiohttp.ClientError, RequestFailed, ValueError) as exc:
         error = _error_text(exc)
     return make_record(req, st, run_t0, error)

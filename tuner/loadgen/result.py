@@ -23,7 +23,11 @@ class SelfCheck:
 class LoadResult:
     """A finished run: records, timed duration, self-check, the server's view, why it stopped.
 
-    `stopped`: "done" (every request ended), "duration", or "error_budget" (flagged).
+    `stopped`: "done" (every request ended), "duration", "error_budget" (flagged), or
+    "unresponsive": requests were in flight and the server sent nothing (no status line, no
+    byte) for the stall bound, or answered none of the warm-up (then `records` is empty).
+    Unlike ordinary errors, that is a server that may have hung: the trial runner probes it.
+    `silent_s`: how long the server had been silent when the run stopped.
     """
 
     records: tuple[RequestRecord, ...]
@@ -31,6 +35,12 @@ class LoadResult:
     self_check: SelfCheck
     server: ServerView | None
     stopped: str
+    silent_s: float = 0.0
+
+    @property
+    def unresponsive(self) -> bool:
+        """The server stopped answering (see `stopped`)."""
+        return self.stopped == "unresponsive"
 
     @property
     def flagged(self) -> bool:
@@ -48,6 +58,7 @@ class LoadResult:
         return {
             **bench_serving_json(m),
             "stopped": self.stopped,
+            "silent_s": round(self.silent_s, 3),
             "flagged": self.flagged,
             "self_check": {
                 "ok": sc.ok,

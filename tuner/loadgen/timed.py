@@ -3,18 +3,22 @@
 Closed loop at `concurrency` (N workers = bench_serving's semaphore; a request's clock starts
 when it holds its slot), optionally fed by seeded Poisson arrivals at `request_rate`. The run
 ends when every request ended, at `duration_s` (in-flight requests are cancelled and recorded
-as cut), or when errors exceed the budget. The server's /metrics is sampled meanwhile.
+as cut), when errors exceed the budget, or when the server went silent for the stall bound
+(`Bounds.stall_s`: "unresponsive"). Each request's own deadline is the window's end plus a
+grace, under the request timeout. The server's /metrics is sampled meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, make_record, send_one
 from tuner.loadgen.monitor import LagMonitor, self_check
 from tuner.loadgen.options import LoadOptions
@@ -24,6 +28,9 @@ from tuner.workload import Request
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+#: how often the run looks for a silent server
+_WATCH_S = 0.25
 
 
 def _chains(planned: Sequence[Request]) -> tuple[list[Request], dict[int, Request]]:
@@ -52,9 +59,11 @@ class TimedRun:
         requests: Sequence[Request],
         options: LoadOptions,
         progress: Progress | None,
+        bounds: Bounds | None = None,
     ):
         self.client = client
         self.opt = options
+        self.bounds = bounds or Bounds.of(options)
         limit = min(len(requests), options.num_requests or len(requests))
         self.planned = list(requests[:limit])
         first, self.successor = _chains(self.planned)
@@ -71,6 +80,8 @@ class TimedRun:
         self.progress = progress
         self.task_id = progress.add_task("load", total=limit) if progress is not None else None
         self.t0 = 0.0
+        self.end = math.inf  # perf_counter() of the window's end
+        self.silent_s = 0.0
 
     def _record(self, rec: RequestRecord, req: Request) -> None:
         self.records.append(rec)
@@ -95,7 +106,9 @@ class TimedRun:
 
     async def _send(self, req: Request) -> None:
         st = RequestState()
-        task = asyncio.create_task(send_one(self.client, req, self.t0, st))
+        left = self.end - time.perf_counter() if math.isfinite(self.end) else None
+        timeout = self.bounds.request_timeout(left)
+        task = asyncio.create_task(send_one(self.client, req, self.t0, st, timeout))
         self.inflight[task] = (req, st)
         # shielded: when the run stops, the request stays in `inflight` to be recorded as cut
         rec = await asyncio.shield(task)
@@ -143,21 +156,21 @@ class TimedRun:
         lag.start()
         cpu0 = time.process_time()
         self.t0 = time.perf_counter()
+        if opt.duration_s is not None:
+            self.end = self.t0 + opt.duration_s
         if math.isinf(opt.request_rate):
             drivers = [asyncio.create_task(self._worker()) for _ in range(opt.concurrency)]
         else:
             drivers = [asyncio.create_task(self._poisson())]
         if before is not None:
             drivers.append(asyncio.create_task(self._sampler(during)))
-        try:
-            await asyncio.wait_for(self.finished.wait(), timeout=opt.duration_s)
-        except TimeoutError:
-            self._stop("duration")
+        await self._watch()
         end = time.perf_counter()
         cpu = time.process_time() - cpu0
         await self._cut([*drivers, *self.gated])
         await lag.stop()
-        after = await self.client.scrape() if before is not None else None
+        heard = before is not None and self.stopped != "unresponsive"
+        after = await self.client.scrape() if heard else None
         wall = end - self.t0
         limit = getattr(self.client.session.connector, "limit", 0)
         return LoadResult(
@@ -166,7 +179,31 @@ class TimedRun:
             self_check=self_check(opt, lag.lags, cpu, wall, limit),
             server=server_view(before, after, during, wall) if before and after else None,
             stopped=self.stopped,
+            silent_s=self.silent_s,
         )
+
+    async def _watch(self) -> None:
+        """Wait for a stop condition: every request ended (or the error budget), the window's
+        end, or a server silent for the stall bound while requests wait on it. A window that
+        ends with the server silent for `Bounds.quiet_s` is marked unresponsive too."""
+        stall = self.bounds.stall_s
+        while not self.finished.is_set():
+            now = time.perf_counter()
+            self.silent_s = self._silence(now)
+            if now >= self.end:
+                quiet = self.silent_s >= self.bounds.quiet_s
+                self._stop("unresponsive" if quiet else "duration")
+            elif self.silent_s >= stall:
+                self._stop("unresponsive")
+            else:
+                wait = min(self.end - now, stall - self.silent_s, _WATCH_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.finished.wait(), timeout=wait)
+        self.silent_s = self._silence(time.perf_counter())
+
+    def _silence(self, now: float) -> float:
+        """Seconds the server has sent nothing while requests waited on it (0: none waits)."""
+        return self.client.silence(now) if self.inflight else 0.0
 
     async def _cut(self, drivers: list[asyncio.Task[None]]) -> None:
         """Stop the drivers; record the requests still in flight as cut, with what they got."""
