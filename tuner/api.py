@@ -27,13 +27,12 @@ from tuner.precheck import Hardware, parallel_sizes
 from tuner.results import feasible_trials
 from tuner.runner import TrialRunner
 from tuner.study import make_sampler, make_storage, open_study, storage_url, study_dir
+from tuner.studycheck import request_pool
 from tuner.target import Launch, base_url, env_secret, host_for, http_host
 from tuner.tuning import TuneStats, Tuning, default_worker
 from tuner.workload import Request, requests_for
+from tuner.worklock import WorkerLock, lock_path, marker_for, others_alive
 
-#: requests built for a duration-bounded run when the study file gives no count (at least this
-#: many, and 20 per slot of the highest concurrency searched, so a run does not run dry)
-DEFAULT_POOL = 2000
 #: a trial is discarded when the client lags; 50 ms p99 flags healthy runs on a shared 2-core
 #: machine, while a client that is really the bottleneck lags by far more
 STUDY_MAX_LOOP_LAG_MS = 250.0
@@ -85,13 +84,20 @@ class Seams:
             self.host.close()
 
 
-def build_seams(cfg: StudyConfig, api_key: str | None) -> Seams:
-    """Host, server lifecycle, load run and trial runner for this study file."""
+def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None) -> Seams:
+    """Host, server lifecycle, load run and trial runner for this study file; `marker` goes
+    into every server's environment so a later run can find the ones this run loses."""
     requests = study_requests(cfg)
     hardware = hardware_of(cfg)
     host = host_for(cfg.target)
     launch = Launch.of(cfg.target)
-    server = Server(host, cfg.target.timeouts, http_host=http_host(cfg.target), api_key=api_key)
+    server = Server(
+        host,
+        cfg.target.timeouts,
+        http_host=http_host(cfg.target),
+        api_key=api_key,
+        marker=marker,
+    )
     runner = TrialRunner(
         cfg,
         server,
@@ -116,44 +122,58 @@ def tune(
     seed: int | None = None,
     events: Events | None = None,
 ) -> TuneResult:
-    """Create or resume the study, run it to its budget, confirm the best, write best.yaml."""
+    """Create or resume the study, run it to its budget, confirm the best, write best.yaml.
+
+    Raises TunerError for the user's mistakes (before anything is written), StudyBusyError when
+    this study and worker already run elsewhere on this machine, HaltError when the world stops
+    the study (resumable by calling again).
+    """
     events = events or Events()
+    worker = worker or default_worker(cfg.target.host)
     # everything a user can get wrong is checked before the first byte is written
     api_key = env_secret(cfg.target.api_key_env, "target.api_key_env")
     sampler = make_sampler(cfg, seed)
-    seams = build_seams(cfg, api_key)
+    url = storage_url(cfg, runs_dir, storage)
+    seams = build_seams(cfg, api_key, marker_for(cfg.study, worker))
     try:
-        url = storage_url(cfg, runs_dir, storage)
         study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)
         out_dir = study_dir(cfg, runs_dir)
-        tuning = Tuning(
-            cfg,
-            study,
-            seams.runner,
-            out_dir / "trials",
-            worker or default_worker(cfg.target.host),
-            events.on_trial,
-            lambda pgid: seams.stop_group(pgid, cfg.target.port),
-        )
-        result = TuneResult(study, tuning.stats)
-        _run(cfg, tuning, result, events, n_trials or cfg.budget.n_trials, timeout_s)
+        what = f"study '{cfg.study}' as worker '{worker}'"
+        lock = lock_path(out_dir, worker)
+        with WorkerLock(lock, what):
+            tuning = Tuning(
+                cfg,
+                study,
+                seams.runner,
+                out_dir / "trials",
+                worker,
+                events.on_trial,
+                lambda pgid: seams.stop_group(pgid, cfg.target.port),
+                # the study's own file: every worker that can write it locks under out_dir
+                claim_unowned=None if storage else lambda: not others_alive(lock),
+            )
+            result = TuneResult(study, tuning.stats)
+            _run(cfg, tuning, seams, result, events, n_trials or cfg.budget.n_trials, timeout_s)
+            result.reuses = seams.runner.reuses
+            if feasible_trials(study):
+                result.best_path, result.best_yaml = write_best(cfg, study, out_dir)
     finally:
         seams.close()
-    result.reuses = seams.runner.reuses
-    if feasible_trials(study):
-        result.best_path, result.best_yaml = write_best(cfg, study, out_dir)
     return result
 
 
 def _run(
     cfg: StudyConfig,
     tuning: Tuning,
+    seams: Seams,
     result: TuneResult,
     events: Events,
     n_trials: int,
     timeout_s: float | None,
 ) -> None:
-    """Recover zombies, seed trial 0, optimize, then confirm the best configurations."""
+    """Stop lost servers, recover zombies, seed trial 0, optimize, confirm the best."""
+    for pgid, command in seams.server.stop_strays():
+        events.say(f"stopped a server an earlier run left behind (pgid {pgid}: {command[:80]})")
     result.recovered = tuning.recover()
     if result.recovered:
         events.say(
@@ -173,10 +193,9 @@ def _run(
 
 
 def study_requests(cfg: StudyConfig) -> list[Request]:
-    """The study's one fixed request list (every trial sends the same requests)."""
-    top = cfg.space.get("concurrency")
-    pool = max(DEFAULT_POOL, 20 * int(top.high)) if top and top.high else DEFAULT_POOL
-    return requests_for(cfg.workload, num_requests=pool)
+    """The study's one fixed request list (every trial sends the same requests); its size is
+    the one studycheck bounded."""
+    return requests_for(cfg.workload, num_requests=request_pool(cfg))
 
 
 def load_runner(
@@ -184,7 +203,13 @@ def load_runner(
 ) -> Callable[[str, Mapping[str, Any]], LoadResult]:
     """(base_url, client params) -> LoadResult, with the study's one fixed request list."""
 
-    def run(url: str, client: Mapping[str, Any]) -> LoadResult:
+    def run(
+        url: str,
+        client: Mapping[str, Any],
+        *,
+        time_limit_s: float | None = None,
+        on_phase: Callable[[str], None] | None = None,
+    ) -> LoadResult:
         rate = client.get("request-rate")
         options = load_options(
             cfg.workload,
@@ -193,7 +218,7 @@ def load_runner(
             api_key=api_key,
             max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS,
         )
-        return run_load_sync(url, requests, options)
+        return run_load_sync(url, requests, options, time_limit_s=time_limit_s, on_phase=on_phase)
 
     return run
 

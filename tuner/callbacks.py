@@ -1,4 +1,4 @@
-"""What happens after each trial, as optuna callbacks: retries, concurrency probes, progress.
+"""What happens after each trial, as optuna callbacks: retries, runaway halts, probes, progress.
 
 Each is a small callable `(study, frozen_trial) -> None` with one job, so the loop in
 tuning.py only lists them.
@@ -34,6 +34,38 @@ class RetryInfraFailures:
                 dict(trial.params),
                 user_attrs={Attr.RETRIES: retries + 1, Attr.RETRY_OF: trial.number},
             )
+
+
+class HaltOnRunaway:
+    """Stop the study when `limit` trials of this worker in a row failed for the world's reasons.
+
+    Failed trials do not count toward `n_trials`, so without this bound an unreachable host
+    turns the night into thousands of failed trials. Any completed trial resets the count.
+    `optuna.Study.stop` ends the loop after this trial; `halted` says why, for the caller to raise.
+    """
+
+    def __init__(self, limit: int, worker: str):
+        self.limit = limit
+        self.worker = worker
+        self.count = 0
+        self.halted: str | None = None
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.user_attrs.get(Attr.WORKER) not in (None, self.worker):
+            return
+        if trial.state == TrialState.COMPLETE:
+            self.count = 0
+            return
+        if trial.state != TrialState.FAIL or Attr.INFRA_ERROR not in trial.user_attrs:
+            return
+        self.count += 1
+        if self.count >= self.limit:
+            last = str(trial.user_attrs[Attr.INFRA_ERROR])[:300]
+            self.halted = (
+                f"{self.count} trials in a row failed for reasons outside their configuration "
+                f"(budget.max_consecutive_infra_failures = {self.limit}); last: {last}"
+            )
+            study.stop()
 
 
 class ProbeConcurrency:

@@ -43,6 +43,9 @@ class Status(StrEnum):
     START_FAILED = "start_failed"  # the server could not start with these flags
     DIED = "died"  # the server died under load
     FLAGGED = "flagged"  # the load run measured the client, not the server: not trusted
+    #: the server failed without evidence against its flags (crash with no SGLang message,
+    #: not ready in time, hung): the world's failure, retried within bounds
+    WORLD = "world"
 
     @property
     def measured(self) -> bool:

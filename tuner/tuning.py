@@ -9,16 +9,24 @@ Outcomes map to optuna states in one place, `STATE_OF` (per library-notes.md):
     interrupted (Ctrl-C / SIGTERM)                   -> FAIL, server stopped, exit 130
     a config already measured                        -> COMPLETE, copied from the earlier trial
 
-What happens after a trial (retries, probes, progress) is a callback each (callbacks.py).
-`budget.trial_timeout` is parsed but not yet enforced: its place is `Tuning.objective`, around
-`runner.run` (the reliability issue).
+    the server failed without evidence (WORLD)       -> FAIL, params re-enqueued (bounded); once
+                                                        the retries are spent, the same failure of
+                                                        the same params counts as the config's
+    the study cannot go on (HaltError, SetupError)   -> FAIL, params re-enqueued, the error ends the run
+
+What happens after a trial (retries, runaway halts, probes, progress) is a callback each
+(callbacks.py). `budget.trial_timeout` bounds a trial twice: the runner checks a deadline between
+its phases, and a SIGALRM watchdog (`watchdog`) interrupts a wait that ignores it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +35,20 @@ import optuna
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.callbacks import ProbeConcurrency, Progress, RetryInfraFailures
+from tuner.callbacks import HaltOnRunaway, ProbeConcurrency, Progress, RetryInfraFailures
 from tuner.config import StudyConfig
-from tuner.errors import InfraError, StudyMismatchError
+from tuner.errors import (
+    HaltError,
+    InfraError,
+    InfraRunaway,
+    SetupError,
+    StudyMismatchError,
+    TrialTimeout,
+)
 from tuner.results import CONFIRM_ATTR, completed, measured_before, top_trials
 from tuner.runner import TrialRunner
 from tuner.space import active_params, sample, sglang_defaults
-from tuner.trial import CONSTRAINT_KEYS, Attr, Status, TrialOutcome
+from tuner.trial import CONSTRAINT_KEYS, Attr, Status, TrialOutcome, failed_outcome
 
 IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
@@ -49,7 +64,37 @@ STATE_OF: Mapping[Status, TrialState] = {
     Status.START_FAILED: TrialState.COMPLETE,
     Status.DIED: TrialState.COMPLETE,
     Status.FLAGGED: TrialState.FAIL,
+    Status.WORLD: TrialState.FAIL,
 }
+
+
+#: the watchdog fires this long after budget.trial_timeout: the runner's own deadline comes first,
+#: and stopping the server after it needs time of its own
+WATCHDOG_GRACE_S = 60.0
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float, phase: Callable[[], str]) -> Iterator[None]:
+    """Raise TrialTimeout in this thread if the block outlives `seconds`.
+
+    A backstop behind the runner's deadlines, for a wait that ignores them (a read that hangs
+    below a timeout, a library without one). Only the main thread receives SIGALRM, so elsewhere
+    (a library caller's thread) the block runs unguarded.
+    """
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise TrialTimeout(f"budget.trial_timeout passed during {phase()} (watchdog)")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def default_worker(host: str) -> str:
@@ -81,6 +126,7 @@ class Tuning:
         worker: str | None = None,
         on_trial: Callable[[FrozenTrial], None] | None = None,
         stop_group: Callable[[int], None] | None = None,
+        claim_unowned: Callable[[], bool] | None = None,
     ):
         self.cfg = cfg
         self.study = study
@@ -89,6 +135,10 @@ class Tuning:
         self.worker = worker or default_worker(cfg.target.host)
         self.on_trial = on_trial
         self.stop_group = stop_group
+        #: may RUNNING trials that name no worker be failed as zombies? (a process killed
+        #: between optuna creating the trial and its first line); only when no other worker
+        #: of the study can be alive
+        self.claim_unowned = claim_unowned
         self.stats = TuneStats()
         self.confirm_error: str | None = None
 
@@ -100,8 +150,11 @@ class Tuning:
         left = self.study.user_attrs.get(SERVER_ATTR + self.worker)
         if left and self.stop_group:
             self.stop_group(int(left))
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if t.user_attrs.get(Attr.WORKER) != self.worker:
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        unowned = bool(self.claim_unowned and self.claim_unowned())
+        for t in running:
+            owner = t.user_attrs.get(Attr.WORKER)
+            if owner != self.worker and not (owner is None and unowned):
                 continue  # another worker's: its heartbeat decides
             pgid = t.user_attrs.get(Attr.SERVER_PGID)
             if pgid and self.stop_group:
@@ -110,7 +163,9 @@ class Tuning:
                 # optuna warns that heartbeats belong to optimize(): failing a dead trial is fine
                 warnings.simplefilter("ignore", UserWarning)
                 self.study.tell(t.number, state=TrialState.FAIL)
-            self.study.enqueue_trial(dict(t.params), user_attrs={Attr.RETRY_OF: t.number})
+            # an enqueued trial (the baseline, a retry) keeps what it was queued with
+            params = {**(t.system_attrs.get("fixed_params") or {}), **t.params}
+            self.study.enqueue_trial(params, user_attrs={Attr.RETRY_OF: t.number})
             recovered.append(t.number)
         self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return recovered
@@ -133,12 +188,17 @@ class Tuning:
     # --- the loop -------------------------------------------------------------------------
 
     def optimize(self, n_trials: int, timeout_s: float | None) -> None:
-        """Run until `n_trials` trials are complete in the study (across resumes) or time is up."""
+        """Run until `n_trials` trials are complete in the study (across resumes) or time is up.
+
+        Raises InfraRunaway when budget.max_consecutive_infra_failures trials failed in a row.
+        """
         if self.remaining(n_trials) == 0:
             return
+        runaway = HaltOnRunaway(self.cfg.budget.max_consecutive_infra_failures, self.worker)
         callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
             RetryInfraFailures(self.cfg.budget.infra_retries),
+            runaway,
             ProbeConcurrency(self.cfg.space.get("concurrency"), self.cfg.budget, n_trials),
         ]
         if self.on_trial:
@@ -154,30 +214,46 @@ class Tuning:
         finally:
             self.runner.stop()
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
+        if runaway.halted:
+            raise InfraRunaway(runaway.halted)
 
     def objective(self, trial: Trial) -> float | tuple[float, ...]:
-        """optuna's objective: sample, dedupe, run, and report the outcome."""
+        """optuna's objective: sample, dedupe, run under the trial's deadline, report."""
+        trial.set_user_attr(Attr.WORKER, self.worker)  # first: a zombie must name its owner
         params = sample(trial, self.cfg.space)
-        trial.set_user_attr(Attr.WORKER, self.worker)
         earlier = measured_before(self.study, params, trial.number)
         if earlier is not None:
             return self._duplicate(trial, earlier)
+        limit = float(self.cfg.budget.trial_timeout)
         try:
-            outcome = self.runner.run(
-                trial.number,
-                params,
-                self.trials_dir / str(trial.number),
-                on_start=self._started(trial),
-            )
+            with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
+                outcome = self.runner.run(
+                    trial.number,
+                    params,
+                    self.trials_dir / str(trial.number),
+                    on_start=self._started(trial),
+                    deadline=self.runner.clock() + limit,
+                )
+        except (HaltError, SetupError, KeyboardInterrupt):
+            # the run stops; the params are not the culprit, so they run again on resume
+            self.study.enqueue_trial(dict(params), user_attrs={Attr.RETRY_OF: trial.number})
+            raise
+        except TrialTimeout as exc:
+            self._stop_quietly()
+            if self._retries_spent(trial):
+                return self.report(trial, self._reproduced(str(exc), "timeout"))
+            self._infra_failed(trial, str(exc))
+            raise
         except InfraError as exc:
-            self.stats.infra_failures += 1
-            trial.set_user_attr(Attr.INFRA_ERROR, str(exc))
+            self._infra_failed(trial, str(exc))
             raise
         self._check_identity(outcome.server_info)
         return self.report(trial, outcome)
 
     def report(self, trial: Trial, outcome: TrialOutcome) -> float | tuple[float, ...]:
         """Store the outcome on the trial and return its values; raise for a FAIL state."""
+        if outcome.status == Status.WORLD and self._retries_spent(trial):
+            outcome = self._reproduced(outcome.reason, outcome.failure, outcome)
         for key, value in outcome.to_attrs().items():
             trial.set_user_attr(key, value)
         if outcome.status == Status.REJECTED:
@@ -185,12 +261,44 @@ class Tuning:
         if outcome.launched:
             self.stats.launched += 1
         if STATE_OF[outcome.status] == TrialState.FAIL:
-            self.stats.infra_failures += 1
-            trial.set_user_attr(Attr.INFRA_ERROR, outcome.reason)
+            self._infra_failed(trial, outcome.reason)
             raise Untrusted(outcome.reason)
         for key in CONSTRAINT_KEYS:
             trial.set_constraint(key, outcome.constraints[key])
         return _ret(outcome.values)
+
+    def _retries_spent(self, trial: Trial) -> bool:
+        """This trial is the last retry its params get (budget.infra_retries)."""
+        return int(trial.user_attrs.get(Attr.RETRIES, 0)) >= self.cfg.budget.infra_retries
+
+    def _reproduced(
+        self, reason: str, failure: str | None, outcome: TrialOutcome | None = None
+    ) -> TrialOutcome:
+        """A server-side failure that came back on every retry of the same params: now it is
+        evidence against the configuration (it never ran), not a passing fault."""
+        tries = self.cfg.budget.infra_retries + 1
+        status = Status.DIED if outcome is not None and outcome.metrics else Status.START_FAILED
+        kw: dict[str, Any] = {}
+        if outcome is not None:
+            kw = {
+                "metrics": outcome.metrics,
+                "server_info": outcome.server_info,
+                "restarted": outcome.restarted,
+                "launched": outcome.launched,
+                "flags": outcome.flags,
+            }
+        why = f"failed the same way {tries} time{'s' if tries > 1 else ''}: {reason}"
+        return failed_outcome(self.cfg.objective, status, why, failure, **kw)
+
+    def _infra_failed(self, trial: Trial, reason: str) -> None:
+        self.stats.infra_failures += 1
+        trial.set_user_attr(Attr.INFRA_ERROR, reason)
+
+    def _stop_quietly(self) -> None:
+        """Stop the server after a timeout; a host that does not answer is the next trial's
+        problem (the lifecycle keeps the record until the group is gone)."""
+        with contextlib.suppress(InfraError):
+            self.runner.stop()
 
     def _duplicate(self, trial: Trial, earlier: FrozenTrial) -> float | tuple[float, ...]:
         self.stats.duplicates += 1
@@ -223,35 +331,68 @@ class Tuning:
     def _started(self, trial: Trial) -> Callable[[int], None]:
         def on_start(pgid: int) -> None:
             trial.set_user_attr(Attr.SERVER_PGID, pgid)
-            self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)
+            self._record_server(pgid)
 
         return on_start
 
     # --- confirmation -----------------------------------------------------------------------
 
     def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
-        """Re-run the best few feasible configs `repeats` times; the study keeps every value."""
+        """Re-run the best few feasible configs `repeats` times; the study keeps every value.
+
+        A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run
+        again, at most budget.infra_retries times per config, then that config's confirmation
+        stops with `confirm_error` set.
+        """
         # each worker writes its own record: workers sharing a study never overwrite each other
         key = f"{CONFIRM_ATTR}:{self.worker}"
         confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(key) or {})
         try:
             for t in top_trials(self.study, top):
                 runs = confirmations.setdefault(str(t.number), [])
+                spoiled = 0
                 while len(runs) < repeats:
-                    outcome = self.runner.run(
-                        t.number,
-                        dict(t.params),
-                        self.trials_dir / f"{t.number}-confirm{len(runs) + 1}",
-                    )
-                    runs.append(outcome.values[0] if outcome.feasible else 0.0)
+                    value = self._confirm_once(t, len(runs) + 1)
+                    if value is None:
+                        spoiled += 1
+                        if spoiled > self.cfg.budget.infra_retries:
+                            raise InfraError(
+                                f"trial {t.number}: {spoiled} confirmation runs failed for "
+                                "reasons outside the configuration"
+                            )
+                        continue
+                    runs.append(value)
                     self.study.set_user_attr(key, confirmations)
         except InfraError as exc:
             # the study itself is done: export what is confirmed so far rather than nothing
             self.stats.infra_failures += 1
             self.confirm_error = str(exc)
         finally:
-            self.runner.stop()
+            self._stop_quietly()
+            self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return confirmations
+
+    def _confirm_once(self, t: FrozenTrial, n: int) -> float | None:
+        """One confirmation run's value; None when the world spoiled it."""
+        limit = float(self.cfg.budget.trial_timeout)
+        try:
+            with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
+                outcome = self.runner.run(
+                    t.number,
+                    dict(t.params),
+                    self.trials_dir / f"{t.number}-confirm{n}",
+                    on_start=self._record_server,
+                    deadline=self.runner.clock() + limit,
+                )
+        except (TrialTimeout, InfraError):
+            self._stop_quietly()
+            return None
+        if STATE_OF[outcome.status] == TrialState.FAIL:
+            return None
+        return outcome.values[0] if outcome.feasible else 0.0
+
+    def _record_server(self, pgid: int) -> None:
+        self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)
 
 
 def _ret(values: tuple[float, ...]) -> float | tuple[float, ...]:

@@ -1,0 +1,45 @@
+"""Find processes by the marker tuner puts in its servers' environment, independently of tuner.
+
+Tests use it to count orphans and to clean up what a killed tuner left behind (by process
+group id, only groups whose processes carry the test's own marker)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+MARKER_VAR = "TUNER_SERVER_MARKER"
+
+
+def marked_groups(marker: str) -> dict[int, str]:
+    """pgid -> command line of every live process carrying MARKER_VAR=marker."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[int(fields[2])] = cmd.strip()
+    return found
+
+
+def kill_marked(marker: str, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL every group carrying the marker; return the pgids that were alive."""
+    groups = list(marked_groups(marker))
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while marked_groups(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return groups

@@ -1,0 +1,199 @@
+"""The loop under faults: runaway halts, reproduced crashes, halts that keep their params,
+the trial watchdog, confirmation runs the world spoiled, and the one-run-per-worker lock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.unit.test_study import FakeServer, setup
+from tuner.errors import (
+    HostUnreachable,
+    InfraRunaway,
+    PortHeldError,
+    StudyBusyError,
+    TrialTimeout,
+)
+from tuner.lifecycle import StartResult
+from tuner.trial import Attr, Status
+from tuner.tuning import watchdog
+from tuner.worklock import WorkerLock, lock_path, marker_for
+
+
+class DownServer(FakeServer):
+    """Every restart fails the way `fail` says."""
+
+    def __init__(self, fail):
+        super().__init__()
+        self.fail = fail
+
+    def restart(self, spec, log_path, on_launch=None):
+        self.restarts.append(dict(spec.flags))
+        return self.fail(len(self.restarts))
+
+
+def unreachable(n: int) -> StartResult:
+    raise HostUnreachable(f"ssh 127.0.0.1:1: connection refused (attempt {n})")
+
+
+def test_consecutive_infra_failures_halt_the_study(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(unreachable))
+    with pytest.raises(InfraRunaway, match=r"3 trials in a row.*connection refused"):
+        tuning.optimize(20, None)
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 3
+    assert len(server.restarts) == 3
+
+
+def test_a_completed_trial_resets_the_runaway_count(tmp_path: Path) -> None:
+    drops = {0, 1, 3, 4}  # two failures, a success, two failures: never three in a row
+    server = FakeServer(drop_on=drops)
+    cfg, study, server, tuning = setup(tmp_path, server=server)
+    tuning.optimize(3, None)
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 3 and states.count(TrialState.FAIL) == 4
+
+
+def test_a_crash_without_evidence_is_retried_then_counts_as_the_configs(tmp_path: Path) -> None:
+    def crash(n: int) -> StartResult:
+        return StartResult(False, "crashed", "exit code 139: Segmentation fault", pgid=4242)
+
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(crash))
+    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
+    tuning.optimize(1, None)
+    trials = study.trials
+    # retried budget.infra_retries (2) times as the world's failure, then recorded as the config's
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
+    assert all(t.params == trials[0].params for t in trials)
+    last = trials[-1].user_attrs
+    assert last[Attr.STATUS] == Status.START_FAILED
+    assert "failed the same way 3 times" in last[Attr.REASON] and last[Attr.FAILURE] == "crashed"
+    assert trials[-1].constraints["c_start"] > 0  # infeasible
+
+
+def test_a_halt_keeps_the_params_for_the_resumed_run(tmp_path: Path) -> None:
+    def held(n: int) -> StartResult:
+        raise PortHeldError("127.0.0.1: port 1 is held by PID 7 (nginx)")
+
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(held))
+    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
+    with pytest.raises(PortHeldError):
+        tuning.optimize(3, None)
+    waiting = [t for t in study.trials if t.state == TrialState.WAITING]
+    queued = [t.system_attrs.get("fixed_params") for t in waiting]
+    assert queued == [{"mem-fraction-static": 0.86, "concurrency": 32}]
+    assert not any(Attr.STATUS in t.user_attrs for t in study.trials)  # nothing learned
+
+
+def test_confirmation_runs_the_world_spoiled_are_not_zeros(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(4, None)
+    server.drop_on = {len(server.restarts)}  # the next restart drops the connection, once
+    tuning.runner._running_key = None  # force a restart for the confirmation run
+    confirmations = tuning.confirm(top=1, repeats=2)
+    assert tuning.confirm_error is None
+    (values,) = confirmations.values()
+    assert len(values) == 2 and all(v > 0 for v in values)
+
+
+def test_confirmation_gives_up_after_the_retries(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(4, None)
+    n = len(server.restarts)
+    server.drop_on = {n, n + 1, n + 2}
+    tuning.runner._running_key = None
+    confirmations = tuning.confirm(top=1, repeats=2)
+    assert tuning.confirm_error and "3 confirmation runs failed" in tuning.confirm_error
+    assert all(v == [] for v in confirmations.values())
+
+
+def test_watchdog_interrupts_a_wait_that_ignores_deadlines() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(TrialTimeout, match="during load"), watchdog(0.3, lambda: "load"):
+        time.sleep(30)
+    assert time.monotonic() - t0 < 20
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+
+
+def test_watchdog_is_disarmed_after_the_block() -> None:
+    with watchdog(0.2, lambda: "x"):
+        pass
+    time.sleep(0.4)  # a late alarm would raise here
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from tuner.worklock import WorkerLock
+with WorkerLock(Path(sys.argv[1]), "study 's' as worker 'w'"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_one_live_run_per_study_and_worker_and_kill_9_frees_it(tmp_path: Path) -> None:
+    path = lock_path(tmp_path / "s", "host:gpu-1")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        busy = pytest.raises(StudyBusyError, match=rf"already running \(pid {holder.pid} on")
+        with busy, WorkerLock(path, "study 's' as worker 'w'"):
+            pass
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        with WorkerLock(path, "study 's' as worker 'w'"):
+            assert f"pid {os.getpid()}" in path.read_text()
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(timeout=30)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
+def test_markers_are_stable_and_distinct() -> None:
+    assert marker_for("s", "w") == marker_for("s", "w")
+    assert len({marker_for("s", "w"), marker_for("s", "w2"), marker_for("s2", "w")}) == 3
+
+
+@pytest.mark.parametrize("claim", [True, False])
+def test_a_trial_killed_before_naming_its_worker(tmp_path: Path, claim: bool) -> None:
+    cfg, study, server, tuning = setup(tmp_path)
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 64}, user_attrs={"b": 1})
+    orphan = study.ask()  # created, then the process died: RUNNING, no worker, no params yet
+    tuning.claim_unowned = lambda: claim
+    recovered = tuning.recover()
+    state = study.trials[orphan.number].state
+    if claim:
+        assert recovered == [orphan.number] and state == TrialState.FAIL
+        (queued,) = [t for t in study.trials if t.state == TrialState.WAITING]
+        assert queued.system_attrs["fixed_params"] == {
+            "mem-fraction-static": 0.9,
+            "concurrency": 64,
+        }
+    else:
+        assert recovered == [] and state == TrialState.RUNNING
+
+
+def test_others_alive_sees_only_held_locks(tmp_path: Path) -> None:
+    from tuner.worklock import others_alive
+
+    mine = lock_path(tmp_path, "a")
+    with WorkerLock(mine, "a"):
+        assert not others_alive(mine)
+        other = lock_path(tmp_path, "b")
+        with WorkerLock(other, "b"):
+            assert others_alive(mine)
+        assert other.exists() and not others_alive(mine)  # a released lock is a dead worker
