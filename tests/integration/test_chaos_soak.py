@@ -86,10 +86,25 @@ def _tune(study: Path, runs: Path) -> subprocess.Popen:
     )
 
 
-def _finish(proc: subprocess.Popen, t0: float) -> tuple[int, str, float]:
-    """Wait for a study run: (exit code, stderr, wall seconds)."""
-    _, err = proc.communicate(timeout=1200)
-    return proc.returncode, err, time.monotonic() - t0
+def _finish(procs: dict[str, subprocess.Popen], t0: float) -> dict[str, tuple[int, str, float]]:
+    """Wait for study runs side by side: name -> (exit code, stderr, wall seconds of its own)."""
+    done: dict[str, tuple[int, str, float]] = {}
+    deadline = t0 + 1200
+    while len(done) < len(procs) and time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if name not in done and proc.poll() is not None:
+                took = time.monotonic() - t0
+                assert proc.stderr is not None
+                done[name] = (proc.returncode, proc.stderr.read(), took)
+        time.sleep(0.2)
+    for name, proc in procs.items():
+        if name not in done:
+            proc.kill()
+            proc.wait(timeout=30)
+            done[name] = (-1, "timed out", time.monotonic() - t0)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    return done
 
 
 def _load(runs: Path, name: str) -> optuna.Study:
@@ -106,9 +121,9 @@ def test_chaos_soak(tmp_path: Path, sshd_server: Sshd) -> None:
             clean_study = _study(tmp_path, "clean", sshd_server, sshd_server.port, False)
             chaos_study = _study(tmp_path, "chaos", sshd_server, relay.port, True)
             t0 = time.monotonic()
-            clean_p, chaos_p = _tune(clean_study, runs), _tune(chaos_study, runs)
-            chaos, chaos_err, chaos_s = _finish(chaos_p, t0)
-            clean, clean_err, clean_s = _finish(clean_p, t0)
+            runs_ = {"clean": _tune(clean_study, runs), "chaos": _tune(chaos_study, runs)}
+            done = _finish(runs_, t0)
+            (clean, clean_err, clean_s), (chaos, chaos_err, chaos_s) = done["clean"], done["chaos"]
             cuts = relay.stats.cut
         assert clean == 0, clean_err[-3000:]
         assert chaos == 0, chaos_err[-3000:]
