@@ -236,3 +236,18 @@ def test_fired_lines_are_never_sglang_evidence(kind: str) -> None:
     for code in (None, -9, 137, 1):
         cls, _ = explain_failure(code, lines)
         assert not is_config_failure(cls), (kind, code, cls)
+
+
+def test_a_fifo_is_refused_not_read_forever(tmp_path) -> None:
+    import os
+
+    from tuner.errors import InputFileError
+    from tuner.sim.faults import next_launch_index
+    from tuner.sim.flags import build_parser, config_to_argv
+
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InputFileError, match="FIFO"):
+        next_launch_index(str(fifo))
+    with pytest.raises(InputFileError, match="FIFO"):
+        config_to_argv(str(fifo), build_parser())

@@ -56,8 +56,10 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tuner.errors import InputFileError
+from tuner.yamlfile import special_file
 
 START_KINDS = ("crash-start", "hang-start", "slow-start")
 LOAD_KINDS = ("crash-load", "hang-load")
@@ -217,6 +219,9 @@ def add_fault_flags(add: Callable[..., object]) -> None:
 
 def next_launch_index(path: str) -> int:
     """Read the counter in `path` (0 if new or empty) and store counter + 1, under an flock."""
+    special = special_file(Path(path))
+    if special:  # a FIFO would block the start-up forever
+        raise InputFileError(path, f"--sim-fault-state: {special}")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:

@@ -22,6 +22,7 @@ import yaml
 from tuner.errors import InputFileError
 from tuner.sglang.flags import DEFAULT_VERSION, add_to_parser
 from tuner.sim.faults import add_fault_flags
+from tuner.yamlfile import special_file
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
 DEFAULT_STARTUP_SECONDS = 1.5
@@ -103,6 +104,9 @@ def config_to_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
     """SGLang's YAML launch config as command-line arguments (see module docstring)."""
     if not path.endswith((".yaml", ".yml")):
         raise InputFileError(path, "config file must be YAML (.yaml or .yml)")
+    special = special_file(Path(path))
+    if special:  # a FIFO would block the start-up forever
+        raise InputFileError(path, special)
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
