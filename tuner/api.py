@@ -26,6 +26,7 @@ from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware, parallel_sizes
 from tuner.results import feasible_trials
 from tuner.runner import TrialRunner
+from tuner.sglang.flags import normalize_flags
 from tuner.study import make_sampler, make_storage, open_study, storage_url, study_dir
 from tuner.studycheck import request_pool
 from tuner.target import Launch, base_url, env_secret, host_for, http_host
@@ -229,7 +230,7 @@ def hardware_of(cfg: StudyConfig) -> Hardware:
     bpt = None
     if hw.model_config_path:
         tp, _ = parallel_sizes(cfg.server)
-        kv_dtype = str(cfg.server.get("kv-cache-dtype", "auto"))
+        kv_dtype = str(normalize_flags(cfg.server).get("kv-cache-dtype", "auto"))
         if kv_dtype == "bfloat16":
             kv_dtype = "bf16"
         try:

@@ -59,7 +59,8 @@ class Knowledge:
         return self if self.calibration else replace(self, calibration=(tokens, mfs))
 
     def with_graph_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
-        entry = (memory_key(flags), float(flags.get("mem-fraction-static", 0) or 0), trial)
+        mfs = normalize_flags(flags).get("mem-fraction-static", 0)
+        entry = (memory_key(flags), float(mfs or 0), trial)
         return replace(self, graph_failures=(*self.graph_failures, entry))
 
 
@@ -105,6 +106,7 @@ def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) ->
 
 def precheck(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> Verdict:
     """Judge the full flag set (fixed + trial's) before spending a restart on it."""
+    flags = normalize_flags(flags)  # as SGLang reads them: `mem-frac` is --mem-fraction-static
     mfs = flags.get("mem-fraction-static")
     if mfs is not None:
         key = memory_key(flags)
@@ -124,11 +126,31 @@ def precheck(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> Verdict
             "not_enough_memory",
         )
     size = flags.get("hicache-size")
-    if size and hw.bytes_per_token:
-        tp, dp = parallel_sizes(flags)
-        host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
+    if not size:
+        return Verdict(True)
+    tp, dp = parallel_sizes(flags)
+    host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
+    if hw.bytes_per_token:
         v = cap.hicache_verdict(float(size), hw.bytes_per_token, tokens or 0, host, tp, dp)
         if not v.feasible:
             kind = "host_memory" if "host RAM" in v.reason or "exceeds" in v.reason else "crashed"
             return Verdict(False, f"hicache-size {size}: {v.reason}", kind)
+    elif host is not None and (problem := hicache_ram_problem(float(size), host, tp, dp)):
+        # without the model's bytes per token only the host-RAM half of the rule is known
+        return Verdict(False, f"hicache-size {size}: {problem}", "host_memory")
     return Verdict(True)
+
+
+def hicache_ram_problem(size_gb: float, host_ram_bytes: float, tp: int, dp: int) -> str | None:
+    """Why `--hicache-size size_gb` cannot fit in host RAM for TP x DP ranks; None if it fits.
+
+    Every rank allocates the full size (sglang-reference section 3), so the limit is per rank.
+    """
+    limit = cap.max_hicache_gb_per_rank(host_ram_bytes, tp, dp)
+    if size_gb <= limit:
+        return None
+    ranks = tp * dp
+    return (
+        f"{ranks} ranks x {size_gb:g} GB = {ranks * size_gb:,.0f} GB of pinned host RAM; the "
+        f"host has {host_ram_bytes / cap.GB:.0f} GB (largest that fits: {limit} GB per rank)"
+    )

@@ -22,7 +22,7 @@ from optuna.distributions import (
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig
 from tuner.precheck import parallel_sizes
 from tuner.sglang.defaults import launch_defaults
-from tuner.sglang.flags import canonical_flag
+from tuner.sglang.flags import canonical_flag, normalize_flags
 
 #: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
 HICACHE_FLAG_PREFIX = "hicache-"
@@ -136,11 +136,16 @@ def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
     A positive size turns `enable-hierarchical-cache` on.
     """
     flags = {k: v for k, v in params.items() if k not in CLIENT_PARAMS}
-    size = flags.get("hicache-size")
+    names = {canonical_flag(k) or k: k for k in flags}  # a size given under a prefix counts
+    size = flags.get(names.get("hicache-size", "hicache-size"))
     if size is not None:
         if not size:
-            flags = {k: v for k, v in flags.items() if not k.startswith(HICACHE_FLAG_PREFIX)}
-        else:
+            flags = {
+                k: v
+                for k, v in flags.items()
+                if not (canonical_flag(k) or k).startswith(HICACHE_FLAG_PREFIX)
+            }
+        elif "enable-hierarchical-cache" not in names:
             flags["enable-hierarchical-cache"] = True
     return flags
 
@@ -190,9 +195,11 @@ def _plain(v: Any) -> Any:
 
 def fingerprint(cfg: StudyConfig) -> dict[str, str]:
     """Hashes of what makes trial results comparable; resuming with any of them changed is refused."""
+    # flags under SGLang's canonical names: `tp: 8` and `tensor-parallel-size: 8` are one study
+    space = cfg.model_dump(include={"space"}, mode="json")
     parts = {
-        "space": cfg.model_dump(include={"space"}, mode="json"),
-        "server": cfg.server,
+        "space": {"space": normalize_flags(space["space"])},
+        "server": normalize_flags(cfg.server),
         "workload": cfg.workload.model_dump(mode="json"),
         "objective": cfg.objective.model_dump(mode="json"),
         "target": {"host": cfg.target.host, "launch": cfg.target.launch, "gpus": cfg.target.gpus},

@@ -23,8 +23,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.capacity import GB
 from tuner.config import CLIENT_PARAMS, MAX_CONCURRENCY, MAX_TOKENS, ParamSpec, StudyConfig
 from tuner.errors import ConfigError, TunerError
+from tuner.precheck import hicache_ram_problem, parallel_sizes
 from tuner.sglang.flags import canonical_flag, flags_for
 from tuner.sglang.tables import STORE_TRUE, Flag
 from tuner.space import ordered
@@ -79,6 +81,7 @@ def check_study(cfg: StudyConfig) -> None:
     for name, value in (cfg.baseline or {}).items():
         _raise_if(cfg, f"baseline.{name}", _baseline_problem(value, cfg.space[name]))
     _check_workload(cfg)
+    _check_host_ram(cfg)
 
 
 def _raise_if(cfg: StudyConfig, key: str, problem: str | None) -> None:
@@ -299,6 +302,34 @@ def _context_len(cfg: StudyConfig) -> tuple[int, str]:
         if isinstance(n, int) and n > 0:
             return n, f"the model's context length ({cfg.hardware.model_config_path})"
     return MAX_TOKENS, "tuner's cap on request length"
+
+
+def _check_host_ram(cfg: StudyConfig) -> None:
+    """A fixed `hicache-size` (or the low end of a searched one) that cannot fit in the host's
+    RAM for the study's TP x DP dooms every trial: refuse it now, not after a night of starts."""
+    ram = cfg.hardware.host_ram_gb
+    if ram is None:
+        return
+    tp, dp = parallel_sizes(cfg.server)
+    fixed = {canonical_flag(k): (f"server.{k}", v) for k, v in cfg.server.items()}
+    searched = {canonical_flag(k): (f"space.{k}", spec) for k, spec in cfg.space.items()}
+    if "hicache-size" in fixed:
+        key, value = fixed["hicache-size"]
+        sizes = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+    elif "hicache-size" in searched:
+        key, spec = searched["hicache-size"]
+        sizes = [spec.low] if spec.low is not None else list(spec.choices or [])
+    else:
+        return
+    problems = [
+        hicache_ram_problem(float(v), ram * GB, tp, dp)
+        for v in sizes
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    ]
+    if problems and all(problems):
+        raise ConfigError(
+            f"{problems[0]} (hardware.host_ram_gb); lower it", file=cfg.source, key=key
+        )
 
 
 def _check_workload(cfg: StudyConfig) -> None:

@@ -144,6 +144,28 @@ def test_durations(text: str | int, seconds: float) -> None:
             "fraction in (0, 1)",
         ),
         ({"baseline": {"concurrency": 99}}, "baseline.concurrency", "outside"),
+        (
+            {
+                "server": {"model-path": "m", "tp": 8, "hicache-size": 60},
+                "hardware": {"host_ram_gb": 449},
+            },
+            "server.hicache-size",
+            "8 ranks x 60 GB = 480 GB",
+        ),
+        (
+            {
+                "server": {"model-path": "m", "tp-size": 4},
+                "space": {"hicache-size": {"low": 200, "high": 300, "type": "int"}},
+                "hardware": {"host_ram_gb": 449},
+            },
+            "space.hicache-size",
+            "largest that fits: 109 GB per rank",
+        ),
+        (
+            {"server": {"model-path": "m", "tp": 2, "tensor-parallel-size": 2}},
+            "server",
+            "same flag",
+        ),
     ],
 )
 def test_values_checked_against_sglang_and_the_space(patch: dict, key: str, fragment: str) -> None:

@@ -76,6 +76,30 @@ def test_precheck_rejects_hicache_beyond_host_ram_per_rank_times_tp() -> None:
     assert precheck({**flags, "hicache-size": 50}, KIMI, Knowledge()).feasible
 
 
+def test_fingerprint_reads_flags_under_their_canonical_names() -> None:
+    """Renaming `tp` to `tensor-parallel-size` in the file is the same study (resume allowed)."""
+    space = {"concurrency": {"low": 1, "high": 8}}
+    a = cfg(space, server={"model-path": "m", "tp": 8})
+    b = cfg(space, server={"model-path": "m", "tensor-parallel-size": 8})
+    c = cfg(space, server={"model-path": "m", "tp": 4})
+    assert fingerprint(a) == fingerprint(b)
+    assert fingerprint(a)["server"] != fingerprint(c)["server"]
+    short = cfg({"mem-frac": {"low": 0.8, "high": 0.9}})
+    full = cfg({"mem-fraction-static": {"low": 0.8, "high": 0.9}})
+    assert fingerprint(short)["space"] == fingerprint(full)["space"]
+
+
+def test_precheck_reads_tp_through_its_alias_without_a_model_config() -> None:
+    """`tp: 8` is SGLang's TP 8 (argparse prefix of --tp-size), and the host-RAM half of the
+    HiCache rule needs no bytes per token: 8 x 60 GB = 480 GB does not fit 449 GB."""
+    ram_only = Hardware(host_ram_gb=449)
+    v = precheck({"tp": 8, "hicache-size": 60}, ram_only, Knowledge())
+    assert not v.feasible and v.kind == "host_memory" and "480 GB" in v.reason, v
+    assert "54 GB per rank" in v.reason
+    assert precheck({"tp": 8, "hicache-size": 54}, ram_only, Knowledge()).feasible
+    assert precheck({"hicache-size": 60}, ram_only, Knowledge()).feasible  # TP 1
+
+
 def test_precheck_host_pool_must_exceed_device_pool_once_calibrated() -> None:
     know = Knowledge().with_start(116_171, 0.85)
     flags = {"tensor-parallel-size": 8, "mem-fraction-static": 0.85, "hicache-size": 2}
