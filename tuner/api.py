@@ -17,19 +17,24 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner.capacity import kv_layout
+from tuner.check import before_night
 from tuner.config import StudyConfig
-from tuner.errors import ConfigError, ModelConfigError
+from tuner.container_runtime import ContainerRuntime
+from tuner.endpoint import Endpoint
+from tuner.errors import ConfigError, HostUnreachable, ModelConfigError
 from tuner.export import write_best
 from tuner.lifecycle import Server
-from tuner.loadgen import LoadResult, load_options, run_load_sync
+from tuner.loadgen import LoadProgress, LoadResult, load_options, run_load_sync
 from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware, parallel_sizes
+from tuner.progress import ProgressEvent, RunStarted
 from tuner.results import feasible_trials
 from tuner.runner import TrialRunner
 from tuner.sglang.flags import normalize_flags
+from tuner.startlog import StartupLog
 from tuner.study import make_sampler, make_storage, open_study, storage_url, study_dir
 from tuner.studycheck import request_pool
-from tuner.target import Launch, base_url, env_secret, host_for, http_host
+from tuner.target import Launch, endpoint_for, env_secret, host_for
 from tuner.tuning import TuneStats, Tuning, default_worker
 from tuner.workload import Request, requests_for
 from tuner.worklock import WorkerLock, lock_path, marker_for, others_alive
@@ -58,20 +63,29 @@ class Events:
 
     on_trial: Callable[[FrozenTrial], None] | None = None
     on_message: Callable[[str], None] | None = None
+    #: the live display's feed: tuner.progress events (run and trial starts, phases, the
+    #: server's start-up milestones, the load run's progress)
+    on_progress: Callable[[ProgressEvent], None] | None = None
 
     def say(self, text: str) -> None:
         if self.on_message:
             self.on_message(text)
 
+    def progress(self, event: ProgressEvent) -> None:
+        if self.on_progress:
+            self.on_progress(event)
+
 
 @dataclass
 class Seams:
-    """The real I/O of a study, built from its file: the host, the server on it, the runner."""
+    """The real I/O of a study, built from its file: the host, the server on it, the way to
+    its port, the runner."""
 
     host: Any
     server: Server
     runner: TrialRunner
     launch: Launch
+    endpoint: Endpoint | None = None
 
     def stop_group(self, pgid: int, port: int) -> None:
         """Stop a server an earlier run of this worker left behind (by its process group)."""
@@ -82,7 +96,11 @@ class Seams:
         try:
             self.runner.stop()
         finally:
-            self.host.close()
+            try:
+                if self.endpoint is not None:
+                    self.endpoint.close()
+            finally:
+                self.host.close()
 
 
 def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None) -> Seams:
@@ -92,24 +110,28 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
     hardware = hardware_of(cfg)
     host = host_for(cfg.target)
     launch = Launch.of(cfg.target)
+    endpoint = endpoint_for(cfg.target, host)
+    box = cfg.target.container  # the server in a container, stopped by name, found by label
+    runtime = ContainerRuntime(host, box, launch.env, marker) if box is not None else None
     server = Server(
         host,
         cfg.target.timeouts,
-        http_host=http_host(cfg.target),
+        endpoint=endpoint,
         api_key=api_key,
         marker=marker,
+        runtime=runtime,
     )
     runner = TrialRunner(
         cfg,
         server,
-        load_runner(cfg, requests, api_key),
-        base_url(cfg.target),
+        load_runner(cfg, requests, api_key, endpoint),
+        endpoint.url(cfg.target.port),
         hardware,
         env=launch.env,
         secret_flags={"api-key": api_key} if api_key else None,
         launch_template=launch.template,
     )
-    return Seams(host, server, runner, launch)
+    return Seams(host, server, runner, launch, endpoint)
 
 
 def tune(
@@ -122,8 +144,12 @@ def tune(
     timeout_s: float | None = None,
     seed: int | None = None,
     events: Events | None = None,
+    make_seams: Callable[[StudyConfig, str | None, str | None], Seams] | None = None,
 ) -> TuneResult:
     """Create or resume the study, run it to its budget, confirm the best, write best.yaml.
+
+    `make_seams(cfg, api_key, marker)` replaces `build_seams` (and the host checks before it):
+    e.g. `tuner.sim.virtual_study.virtual_seams(seed)`, the study in virtual time.
 
     Raises TunerError for the user's mistakes (before anything is written), StudyBusyError when
     this study and worker already run elsewhere on this machine, HaltError when the world stops
@@ -135,7 +161,10 @@ def tune(
     api_key = env_secret(cfg.target.api_key_env, "target.api_key_env")
     sampler = make_sampler(cfg, seed)
     url = storage_url(cfg, runs_dir, storage)
-    seams = build_seams(cfg, api_key, marker_for(cfg.study, worker))
+    if make_seams is None:
+        # SSH, the remote shell, the flags on the host's SGLang: nothing created yet
+        before_night(cfg)
+    seams = (make_seams or build_seams)(cfg, api_key, marker_for(cfg.study, worker))
     try:
         study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)
         out_dir = study_dir(cfg, runs_dir)
@@ -152,7 +181,9 @@ def tune(
                 lambda pgid: seams.stop_group(pgid, cfg.target.port),
                 # the study's own file: every worker that can write it locks under out_dir
                 claim_unowned=None if storage else lambda: not others_alive(lock),
+                on_progress=events.on_progress,
             )
+            watch_seams(seams, events)
             result = TuneResult(study, tuning.stats)
             _run(cfg, tuning, seams, result, events, n_trials or cfg.budget.n_trials, timeout_s)
             result.reuses = seams.runner.reuses
@@ -181,16 +212,42 @@ def _run(
             f"resumed: trials {result.recovered} were left running; their params are queued again"
         )
     tuning.enqueue_baseline(cfg.hardware.gpu_mem_mib)
-    tuning.optimize(n_trials, timeout_s or cfg.budget.timeout)
     budget = cfg.budget
+    timeout_s = timeout_s or budget.timeout
+    events.progress(
+        RunStarted(
+            cfg.study,
+            n_trials,
+            timeout_s,
+            cfg.objective.metric,
+            budget.confirm_top * budget.confirm_repeats,
+            tuple(tuning.study.get_trials(deepcopy=False)),
+        )
+    )
+    tuning.optimize(n_trials, timeout_s)
     if budget.confirm_top and feasible_trials(tuning.study):
         n = budget.confirm_repeats
-        events.say(
-            f"confirming the best {budget.confirm_top} configs "
-            f"({n} more run{'s' if n != 1 else ''} each)"
-        )
+        events.say(confirming(budget.confirm_top, n))
         tuning.confirm(budget.confirm_top, n)
         result.confirm_error = tuning.confirm_error
+
+
+def confirming(top: int, repeats: int) -> str:
+    """`confirming the best config (1 more run)`, `... best 3 configs (2 more runs each)`."""
+    runs = f"{repeats} more run{'s' if repeats != 1 else ''}"
+    if top == 1:
+        return f"confirming the best config ({runs})"
+    return f"confirming the best {top} configs ({runs} each)"
+
+
+def watch_seams(seams: Seams, events: Events) -> None:
+    """Feed the live display: the runner's phases and load progress, and the starting
+    server's log milestones read at each readiness poll (a lifecycle that has the hook)."""
+    if events.on_progress is None:
+        return
+    seams.runner.on_progress = events.on_progress
+    if hasattr(seams.server, "on_poll"):
+        seams.server.on_poll = StartupLog(seams.server, seams.host, events.on_progress)
 
 
 def study_requests(cfg: StudyConfig) -> list[Request]:
@@ -200,9 +257,12 @@ def study_requests(cfg: StudyConfig) -> list[Request]:
 
 
 def load_runner(
-    cfg: StudyConfig, requests: list[Request], api_key: str | None
+    cfg: StudyConfig, requests: list[Request], api_key: str | None, endpoint: Endpoint | None = None
 ) -> Callable[[str, Mapping[str, Any]], LoadResult]:
-    """(base_url, client params) -> LoadResult, with the study's one fixed request list."""
+    """(base_url, client params) -> LoadResult, with the study's one fixed request list.
+
+    A run whose requests failed while the way to the server broke (an SSH tunnel dropped) is
+    the world's: HostUnreachable, not a measurement of the configuration's errors."""
 
     def run(
         url: str,
@@ -210,6 +270,7 @@ def load_runner(
         *,
         time_limit_s: float | None = None,
         on_phase: Callable[[str], None] | None = None,
+        on_progress: Callable[[LoadProgress], None] | None = None,
     ) -> LoadResult:
         rate = client.get("request-rate")
         options = load_options(
@@ -219,7 +280,21 @@ def load_runner(
             api_key=api_key,
             max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS,
         )
-        return run_load_sync(url, requests, options, time_limit_s=time_limit_s, on_phase=on_phase)
+        breaks = endpoint.breaks() if endpoint is not None else 0
+        result = run_load_sync(
+            url,
+            requests,
+            options,
+            time_limit_s=time_limit_s,
+            on_phase=on_phase,
+            on_progress=on_progress,
+        )
+        if endpoint is not None and endpoint.breaks() != breaks and result.metrics().errors:
+            raise HostUnreachable(
+                f"{endpoint.describe(cfg.target.port)} broke during the load run "
+                f"({result.metrics().errors} requests failed)"
+            )
+        return result
 
     return run
 

@@ -15,9 +15,30 @@ from collections.abc import Sequence
 from tuner import __version__
 from tuner.errors import HaltError, InfraError, TunerError
 
-COMMANDS = ("tune", "status", "export", "report", "capacity", "bench", "sim")
+COMMANDS = ("check", "tune", "status", "export", "report", "capacity", "bench", "sim")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+#: what `tuner --help` tells a user (the module docstring above is for developers)
+DESCRIPTION = """\
+Find the SGLang launch flags that give the most throughput within your latency SLOs.
+
+tuner restarts an SGLang server (on this machine or over SSH) with each configuration an
+Optuna study proposes, measures it under a load like bench_serving's, learns which
+configurations cannot start or miss their SLOs, and exports the winner as SGLang's own
+--config YAML."""
+
+EPILOG = """\
+a night, step by step:
+  tuner check study.yaml            the study file, host, SGLang, GPUs and port, before the night
+  tuner tune study.yaml             run the study (run it again to resume)
+  tuner status study.yaml           the trials so far and the best (--wide, --json)
+  tuner export study.yaml -o best.yaml
+                                    the winner as SGLang --config YAML (--format cmd, json, csv)
+  tuner report study.yaml           an HTML report of the study
+
+no GPU at hand? tuner tune search_spaces/demo-sim.yaml runs a whole study against the simulator.
+'tuner COMMAND --help' describes each command."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -28,7 +49,12 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="tuner", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="tuner",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True

@@ -15,7 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tuner.container import ContainerSection
 from tuner.errors import ConfigError
+from tuner.notify import NotifySection
+from tuner.scorename import Metric
 from tuner.yamlfile import special_file
 
 FLAG_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -106,6 +109,7 @@ class TargetSection(Model):
     #: real SGLang flags tuner's table lacks: passed as given, SGLang judges them (studycheck)
     unchecked_flags: list[str] = []
     timeouts: Timeouts = Timeouts()
+    container: ContainerSection | None = None  # run the server in one (schema: container.py)
 
     @field_validator("launch")
     @classmethod
@@ -286,9 +290,7 @@ class SLOSection(Model):
 class ObjectiveSection(Model):
     """What to maximise, under which SLOs; optionally a Pareto front against a latency."""
 
-    metric: Literal["output_throughput", "total_throughput", "request_throughput", "goodput"] = (
-        "output_throughput"
-    )
+    metric: Metric = "window_output_throughput"  # old spelling output_throughput: scorename.py
     slo: SLOSection = SLOSection()
     pareto_latency: (
         Literal["p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2e_latency_ms"] | None
@@ -320,6 +322,8 @@ class SamplerSection(Model):
     name: Literal["tpe", "gp", "random", "grid", "qmc"] = "tpe"
     seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's seed range (optuna's samplers use it)
     n_startup_trials: int = Field(8, ge=0)
+    #: grid: points taken on a range without a step (on the log scale for `log: true`)
+    grid_points: int = Field(8, ge=2, le=1000)
 
 
 class HardwareSection(Model):
@@ -356,6 +360,7 @@ class StudyConfig(Model):
     sampler: SamplerSection = SamplerSection()
     hardware: HardwareSection = HardwareSection()
     storage: str | None = None
+    notify: NotifySection | None = None  # not in the fingerprint: it changes no measurement
     source: str = Field("", exclude=True)  # the file it came from (not part of the fingerprint)
 
     @field_validator("study")

@@ -1,4 +1,9 @@
-"""Best trial -> SGLang `--config` YAML (with a provenance header), a command line, or JSON."""
+"""Best trial -> SGLang `--config` YAML (with a provenance header), a command line, or JSON;
+every trial -> CSV (`tuner.trialrows`).
+
+Values are written as the user would: a sampled 0.8700000000000001 on a 0.01 grid is 0.87 in
+every format (`space.tidy`, from the trial's own distributions).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from tuner.config import StudyConfig
 from tuner.errors import TunerError
 from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
 from tuner.results import best_trial, completed, feasible_trials, server_info_of
-from tuner.space import client_params, server_flags
+from tuner.space import client_params, server_flags, tidy_params
 from tuner.trial import Attr
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
@@ -48,12 +53,13 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
         )
     metrics = trial.user_attrs.get(Attr.METRICS) or {}
     info = server_info_of(study, trial)
+    params = tidy_params(trial.params, trial.distributions)
     data = {
         "study": cfg.study,
         "trial": trial.number,
-        "params": dict(trial.params),
-        "flags": best_flags(cfg, dict(trial.params)),
-        "client": client_params(trial.params),
+        "params": params,
+        "flags": best_flags(cfg, params),
+        "client": client_params(params),
         "objective": cfg.objective.metric,
         "value": trial.values[0],
         "confirmation": summary,
@@ -65,7 +71,12 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
     }
     if cfg.objective.pareto_latency:
         data["pareto_front"] = [
-            {"trial": t.number, "values": t.values, "params": t.params} for t in study.best_trials
+            {
+                "trial": t.number,
+                "values": t.values,
+                "params": tidy_params(t.params, t.distributions),
+            }
+            for t in study.best_trials
         ]
     return data
 
@@ -76,8 +87,10 @@ def render_yaml(data: dict[str, Any]) -> str:
     header = [
         f"SGLang launch config exported by tuner from study '{data['study']}', trial {data['trial']}",
         "  use: python -m sglang.launch_server --config best.yaml",
-        f"measured: {data['value']:,.1f} {data['objective']} (tokens received in the "
-        f"{m.get('duration', 0):.0f} s window), {m.get('request_throughput', 0):.2f} req/s completed",
+        f"measured: {data['value']:,.1f} {data['objective']} ({_what(data['objective'], m)}), "
+        f"{m.get('request_throughput', 0):.2f} req/s completed",
+        f"  bench_serving's output_throughput (completed requests only): "
+        f"{m.get('output_throughput', 0):,.1f} tok/s",
         f"latency p99: TTFT {m.get('p99_ttft_ms', 0):,.0f} ms, TPOT {m.get('p99_tpot_ms', 0):,.1f} ms, "
         f"ITL {m.get('p99_itl_ms', 0):,.1f} ms",
     ]
@@ -101,11 +114,21 @@ def render_yaml(data: dict[str, Any]) -> str:
     return render_sglang_yaml(data["flags"], header)
 
 
+def _what(metric: str, m: dict[str, Any]) -> str:
+    """What the score counted, in words."""
+    if metric == "window_output_throughput":
+        return f"tok/s: output tokens received in the {m.get('duration', 0):.0f} s window"
+    if metric in ("request_throughput", "goodput"):
+        return "req/s" + (": completed within the SLOs" if metric == "goodput" else "")
+    return "tok/s"
+
+
 def render_cmd(data: dict[str, Any]) -> str:
     return " ".join(shlex.quote(a) for a in [*LAUNCH, *flag_args(data["flags"])])
 
 
 def render(data: dict[str, Any], fmt: str) -> str:
+    """The winner in `fmt` (yaml, cmd, json); CSV is every trial's (`trialrows.trials_csv`)."""
     if fmt == "yaml":
         return render_yaml(data)
     if fmt == "cmd":

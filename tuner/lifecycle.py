@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import Timeouts
+from tuner.container_runtime import DirectRuntime, Runtime
+from tuner.endpoint import REACH_GRACE_S, DirectEndpoint, Endpoint, ReachWatch
 from tuner.errors import InfraError
-from tuner.hosts.base import EXIT_SUFFIX, Host, mask_file_script
+from tuner.hosts.base import Host, mask_file_script
 from tuner.launch import MIN_MASKED_LEN, REDACTED, LaunchSpec, launch_program
-from tuner.preflight import check_launch, port_held_error, setup_error
+from tuner.preflight import port_held_error, setup_error
 from tuner.server_info import as_float, as_int, internal, mismatches
 from tuner.server_result import GpuInfo, ServerDeath, StartResult, Timings
 from tuner.sglang.failures import FailureClass, explain_failure
@@ -64,42 +66,47 @@ class _Running:
 class Server:
     """One SGLang server on `host`, restarted per trial.
 
-    `http_host` is where the tuner reaches the server's port (default: the host's address).
+    `endpoint` is the way the tuner reaches the server's port (default: the host's address).
     `api_key` authenticates the tuner's requests; SGLang logs its whole server_args at start-up,
     the key included, so everything read back from the server (reasons, log lines, the fetched
     log) is masked before it leaves this class, as are the secrets of every spec it started.
     `marker` (e.g. one per study and worker) goes into every started server's environment, so
-    `stop_strays` finds servers whose process group was never recorded.
+    `stop_strays` finds servers whose group was never recorded; `runtime` may be a container.
     `nvidia_smi` is the command used to read GPU facts and wait for memory release (skipped when
     the host has no such command). `clock`/`sleep` are seams for tests.
     """
+
+    reach_grace_s: float = REACH_GRACE_S  # the port listens, unreachable via the endpoint
 
     def __init__(
         self,
         host: Host,
         timeouts: Timeouts | None = None,
         *,
-        http_host: str | None = None,
+        endpoint: Endpoint | None = None,
         nvidia_smi: str = "nvidia-smi",
         api_key: str | None = None,
         marker: str | None = None,
         tail_lines: int = 40,
+        runtime: Runtime | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.host = host
         self.timeouts = timeouts or Timeouts()
-        self.http_host = http_host or host.address
+        self.endpoint = endpoint or DirectEndpoint(host.address)
         self.nvidia_smi = nvidia_smi
         self.api_key = api_key
         self.marker = marker
         self.tail_lines = tail_lines
+        self.runtime = runtime or DirectRuntime(host)
         self._clock = clock
         self._sleep = sleep
         self._running: _Running | None = None
         self._gpus: tuple[GpuInfo, ...] | None = None
         self._secrets: set[str] = {api_key} if api_key and len(api_key) >= MIN_MASKED_LEN else set()
         self._setup_ok: set[tuple[str | None, str | None]] = set()  # (program, cwd) checked
+        self.on_poll: Callable[[], None] = lambda: None  # each readiness poll: startlog.py
 
     # -- public ----------------------------------------------------------------------------
 
@@ -194,6 +201,7 @@ class Server:
         ours); return (pgid, command) of each. Nothing without a marker."""
         if not self.marker:
             return []
+        self._wait_gpu_free(self.runtime.stop_strays(self.gpus))  # containers, by label
         found = self.host.marked_groups(MARKER_VAR, self.marker)
         for pgid, command in found:
             log.warning(
@@ -246,15 +254,9 @@ class Server:
                         "--format=csv,noheader,nounits",
                     ]
                 )
-                self._gpus = (
-                    tuple(
-                        GpuInfo(name.strip(), int(float(mem)))
-                        for name, _, mem in (ln.rpartition(",") for ln in res.stdout.splitlines())
-                        if name.strip()
-                    )
-                    if res.ok
-                    else ()
-                )
+                rows = [ln.rpartition(",") for ln in res.stdout.splitlines()] if res.ok else []
+                gpus = (GpuInfo(n.strip(), int(float(m))) for n, _, m in rows if n.strip())
+                self._gpus = tuple(gpus)
         return self._gpus
 
     # -- steps ------------------------------------------------------------------------------
@@ -263,7 +265,7 @@ class Server:
         """Once per (program, workdir): the workdir exists and the launch program can run."""
         key = (launch_program(spec.argv), spec.cwd)
         if key not in self._setup_ok:
-            check_launch(self.host, spec)
+            self.runtime.check_setup(spec)
             self._setup_ok.add(key)
 
     def _prepare(self, spec: LaunchSpec) -> None:
@@ -285,12 +287,14 @@ class Server:
             config = log_path + SECRETS_SUFFIX
             self.host.write_file(config, spec.secrets_yaml(), 0o600)
             files.append(config)
+        spec = self.runtime.wrap(spec, config)  # in a container: `docker run ... IMAGE argv`
         self.host.write_file(script, spec.script(config), 0o700)
         return f"bash {shlex.quote(script)}", tuple(files)
 
     def _forget(self, run: _Running) -> None:
         """The group is gone: drop its record and its files, mask the secrets in its log
-        (SGLang logs its server_args, the API key included)."""
+        (SGLang logs its server_args, the API key included); a container first, by name."""
+        self._wait_gpu_free(self.runtime.remove(self.gpus))
         if self._running is run:
             self._running = None
         self._remove(run.files)
@@ -320,18 +324,23 @@ class Server:
         run = self._running
         assert run is not None
         deadline = self._clock() + self.timeouts.ready_s
+        reach = ReachWatch(self.endpoint, self.host, run.port, self.reach_grace_s, self._clock)
         while True:
-            if self._http_status("/health") == 200:
+            self.on_poll()
+            status = self._http_status("/health")
+            if status == 200:
                 return None
             if not self.host.group_alive(run.pgid):
                 code, tail = self._exit_and_tail(run.log_path)
+                setup = self.runtime.setup_error(code, tail, self._mask)  # before _forget
                 self._forget(run)
-                setup = setup_error(self.host.name, spec, code, tail, self._mask)
+                setup = setup or setup_error(self.host.name, spec, code, tail, self._mask)
                 if setup is not None:
                     self._setup_ok.clear()
                     raise setup
                 cls, reason = explain_failure(code, tail)
                 return StartResult(False, cls, reason, tuple(tail), run.pgid, code, run.log_path)
+            reach.check(status)  # a way to the port that fails is the world's: raise
             if self._clock() > deadline:
                 self._kill_group(run.pgid)  # raises (record kept) if the group survives
                 self._forget(run)
@@ -362,13 +371,14 @@ class Server:
             )
         pid = info.get("pid")
         # the answer came from a live server; only a reported pid lets us tell whose it is
-        members = self.host.group_pids(run.pgid) if isinstance(pid, int) else [run.pgid]
+        known = isinstance(pid, int) and self.runtime.host_pids  # not a container's own pid
+        members = self.host.group_pids(run.pgid) if known else [run.pgid]
         if not members:  # ours died between /health and now: a death, not a stale server
+            code, tail = self._exit_and_tail(run.log_path)  # before a container is removed
             self._forget(run)
-            code, tail = self._exit_and_tail(run.log_path)
             cls, reason = explain_failure(code, tail)
             return StartResult(False, cls, reason, tuple(tail), run.pgid, code, run.log_path)
-        if isinstance(pid, int) and pid not in members:
+        if known and pid not in members:
             self._kill_group(run.pgid)
             self._forget(run)
             return StartResult(
@@ -435,7 +445,7 @@ class Server:
 
     def _wait_gpu_free(self, pids: Sequence[int]) -> None:
         """Where nvidia-smi exists, wait until none of the old server's pids holds GPU memory."""
-        if not self.gpus():
+        if not pids or not self.gpus():
             return
         old = {str(p) for p in pids}
 
@@ -452,14 +462,11 @@ class Server:
             )
 
     def _exit_and_tail(self, log_path: str) -> tuple[int | None, list[str]]:
-        status = self.host.read_tail(log_path + EXIT_SUFFIX, 1)
-        code = int(status[0]) if status and status[0].strip().lstrip("-").isdigit() else None
-        return code, self.host.read_tail(log_path, self.tail_lines)
+        return self.runtime.exit_and_tail(log_path, self.tail_lines)
 
     def _url(self, path: str) -> str:
-        host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
         assert self._running is not None
-        return f"http://{host}:{self._running.port}{path}"
+        return self.endpoint.url(self._running.port) + path
 
     def _request(self, path: str) -> urllib.request.Request:
         req = urllib.request.Request(self._url(path))

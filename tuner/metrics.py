@@ -57,7 +57,15 @@ class Stats:
 
 @dataclass(frozen=True)
 class Metrics:
-    """bench_serving's summary of a run plus errors."""
+    """bench_serving's summary of a run plus errors.
+
+    `output_throughput` is bench_serving's: output tokens of completed requests / duration.
+    `window_output_throughput` (tuner's score) also counts the tokens that requests still in
+    flight at a duration-bounded run's end had received. bench_serving always waits for every
+    request, so it has no such figure; here a long request cut at the deadline would otherwise
+    count nothing, and a window full of them would score near zero. With nothing cut the two
+    are equal; with long outputs at high concurrency they can differ several-fold.
+    """
 
     duration_s: float
     completed: int

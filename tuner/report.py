@@ -1,8 +1,7 @@
-"""A study for people: the trials table (rich), its JSON, and an HTML report with plots (plotly)."""
+"""A study for people: the trials table (rich), its JSON, and the HTML report (reportpage.py)."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 
@@ -94,136 +93,8 @@ def _compact(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-FEASIBLE, INFEASIBLE, WINNER = "#2a9d8f", "#e76f51", "#264653"
-
-
 def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
-    """A self-contained HTML report: history, parameter scatter plots, the trials table."""
-    import plotly.io as pio
+    """The self-contained HTML report (tuner/reportpage.py)."""
+    from tuner.reportpage import write_html as write_page
 
-    rows = trial_rows(study)
-    measured = [r for r in rows if r["state"] == "COMPLETE" and r["value"] is not None]
-    best, summary = best_trial(study)
-    figs = [_history(cfg, measured, best), *_ttft(cfg, measured), *_by_param(cfg, measured)]
-    verdict = (
-        f"trial {best.number}, {html.escape(str(dict(best.params)))}, "
-        f"mean {summary['mean']:,.1f} over {len(summary['runs'])} run(s)"
-        if best
-        else "no feasible trial yet"
-    )
-    parts = [
-        f"<h1>tuner study {html.escape(cfg.study)}</h1>",
-        f"<p>{html.escape(cfg.description)}</p>",
-        f"<p>Best: {verdict}</p>",
-        *(pio.to_html(f, include_plotlyjs=(i == 0), full_html=False) for i, f in enumerate(figs)),
-        _table_html(rows),
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(cfg.study)}"
-        f"</title></head><body>{''.join(parts)}</body></html>"
-    )
-    return path
-
-
-def _history(cfg: StudyConfig, rows: list[dict[str, Any]], best: Any) -> Any:
-    """The objective by trial, feasible and not, with the winner starred."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for feasible, color in ((True, FEASIBLE), (False, INFEASIBLE)):
-        sel = [r for r in rows if r["feasible"] is feasible]
-        fig.add_trace(
-            go.Scatter(
-                x=[r["trial"] for r in sel],
-                y=[r["value"] for r in sel],
-                mode="markers",
-                marker={"color": color},
-                name="feasible" if feasible else "infeasible",
-                text=[r["reason"] for r in sel],
-            )
-        )
-    if best is not None:
-        fig.add_trace(
-            go.Scatter(
-                x=[best.number],
-                y=[best.values[0]],
-                mode="markers",
-                name="winner",
-                marker={"symbol": "star", "size": 16, "color": WINNER},
-            )
-        )
-    fig.update_layout(title=f"{cfg.objective.metric} by trial", xaxis_title="trial")
-    return fig
-
-
-def _ttft(cfg: StudyConfig, rows: list[dict[str, Any]]) -> list[Any]:
-    """p99 TTFT against client concurrency, with the SLO line (none without concurrency)."""
-    import plotly.graph_objects as go
-
-    measured = [r for r in rows if r["p99_ttft_ms"] and "concurrency" in r["params"]]
-    if not measured:
-        return []
-    fig = go.Figure(
-        go.Scatter(
-            x=[r["params"]["concurrency"] for r in measured],
-            y=[r["p99_ttft_ms"] for r in measured],
-            mode="markers",
-            text=[f"trial {r['trial']}" for r in measured],
-            name="trials",
-        )
-    )
-    if cfg.objective.slo.p99_ttft_ms:
-        fig.add_hline(
-            y=cfg.objective.slo.p99_ttft_ms, line_dash="dash", annotation_text="p99 TTFT limit"
-        )
-    fig.update_layout(
-        title="p99 TTFT vs client concurrency (the queue the pool cannot admit)",
-        xaxis_title="concurrency",
-        yaxis_title="ms",
-    )
-    return [fig]
-
-
-def _by_param(cfg: StudyConfig, rows: list[dict[str, Any]]) -> list[Any]:
-    """The objective against each searched parameter."""
-    import plotly.graph_objects as go
-
-    figs = []
-    for name in cfg.space:
-        xs = [(r["params"].get(name), r) for r in rows if name in r["params"]]
-        if not xs:
-            continue
-        fig = go.Figure(
-            go.Scatter(
-                x=[x for x, _ in xs],
-                y=[r["value"] for _, r in xs],
-                mode="markers",
-                marker={"color": [FEASIBLE if r["feasible"] else INFEASIBLE for _, r in xs]},
-                text=[f"trial {r['trial']}: {r['reason']}" for _, r in xs],
-            )
-        )
-        fig.update_layout(title=f"{cfg.objective.metric} vs {name}", xaxis_title=name)
-        figs.append(fig)
-    return figs
-
-
-def _table_html(rows: list[dict[str, Any]]) -> str:
-    head = "".join(
-        f"<th>{h}</th>" for h in ("trial", "state", "params", "value", "p99 TTFT ms", "reason")
-    )
-    cells = (
-        (
-            r["trial"],
-            r["status"] or r["state"],
-            r["params"],
-            _fmt(r["value"]),
-            _fmt(r["p99_ttft_ms"], ",.0f"),
-            r["reason"],
-        )
-        for r in rows
-    )
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in cells
-    )
-    return f"<h2>Trials</h2><table border=1 cellpadding=4><tr>{head}</tr>{body}</table>"
+    return write_page(cfg, study, path)

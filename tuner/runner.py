@@ -30,6 +30,8 @@ the time left) where the seam takes one (the load run's `time_limit_s`, the /hea
 between phases a passed deadline raises TrialTimeout naming the phase. `phase` is the phase the
 current trial reached; every change is appended to `<trial_dir>/phases.log` as
 `<unix time, ms> <phase>` (phases: restart, spawn, ready, warmup, load, scoring, done).
+`on_progress`, when set, hears every phase change (`progress.PhaseChanged`) and, from a load
+seam that takes the keyword, the load run's own `LoadProgress`: the live display's feed.
 """
 
 from __future__ import annotations
@@ -42,16 +44,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tuner.bench_names import trial_run_keys
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, TrialTimeout
 from tuner.launch import LaunchSpec, build_launch, redact_argv
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import goodput
 from tuner.precheck import Hardware, Knowledge, precheck
+from tuner.progress import PhaseChanged
 from tuner.sglang.failures import FailureClass, is_config_failure
 from tuner.sglang.flags import version_hint
 from tuner.space import canonical, client_params, server_flags
@@ -85,7 +88,7 @@ class ServerControl(Protocol):
 
 #: (base_url, client-side params such as concurrency and request-rate) -> one load run; it may
 #: also take keywords `time_limit_s` (the trial's time left) and `on_phase` (called with
-#: "warmup" and "load"), as `loadgen.run_load_sync` does
+#: "warmup" and "load"), as `loadgen.run_load_sync` does, and `on_progress` (LoadProgress)
 LoadRun = Callable[..., "LoadResult"]
 
 
@@ -153,6 +156,10 @@ class TrialRunner:
         self._phases_log: Path | None = None
         self._logged: str | None = None  # the last phase written to this trial's phases.log
         self._load_kw = _keywords(run_load, ("time_limit_s", "on_phase"))
+        self._progress_kw = _keywords(run_load, ("on_progress",))
+        #: hears PhaseChanged and the load run's LoadProgress (None: nobody watches)
+        self.on_progress: Callable[[Any], None] | None = None
+        self.number: int | None = None  # the trial being run
 
     def flags_for(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Fixed server flags plus the trial's server-side params."""
@@ -173,6 +180,7 @@ class TrialRunner:
         tuner mid-trial still leaves a record of what to stop.
         """
         trial_dir.mkdir(parents=True, exist_ok=True)
+        self.number = number
         self.deadline = deadline
         self._phases_log = trial_dir / "phases.log"
         self._logged = None
@@ -204,7 +212,8 @@ class TrialRunner:
             self.reuses += 1
         load = self._load(params)
         self._enter("scoring")
-        outcome = self._judge(load, flags, info, restarted, trial_dir)
+        keys = trial_run_keys(self.cfg.workload, client_params(params))
+        outcome = self._judge(load, flags, info, restarted, trial_dir, keys)
         self._enter("done", check=False)
         return outcome
 
@@ -222,6 +231,8 @@ class TrialRunner:
         if phase == self._logged:
             return
         self.phase = self._logged = phase
+        if self.on_progress is not None and self.number is not None:
+            self.on_progress(PhaseChanged(self.number, phase))
         if self._phases_log is not None:
             # the tests' kill points and a person's post-mortem read this; losing it is harmless
             with contextlib.suppress(OSError), self._phases_log.open("a") as f:
@@ -284,6 +295,8 @@ class TrialRunner:
         kw: dict[str, Any] = {}
         if self._load_kw:
             kw = {"time_limit_s": self._left(), "on_phase": self._on_load_phase}
+        if self._progress_kw and self.on_progress is not None:
+            kw["on_progress"] = self.on_progress
         try:
             return self.run_load(self.base_url, client_params(params), **kw)
         except TrialTimeout as exc:
@@ -296,12 +309,14 @@ class TrialRunner:
         info: dict[str, Any],
         restarted: bool,
         trial_dir: Path,
+        keys: Mapping[str, Any] | None = None,
     ) -> TrialOutcome:
-        """The outcome of a load run: measured, died (config's or world's), or hung."""
+        """The outcome of a load run: measured, died (config's or world's), or hung. `keys`:
+        bench_serving's identifying keys of the run, first in its metrics.json."""
         objective = self.cfg.objective
         died = self._death_after(load)
         hung = None if died is not None else self._hang_after(load)
-        metrics = score_load(load, objective.slo)
+        metrics = {**(keys or {}), **score_load(load, objective.slo)}
         self._save_metrics(trial_dir, metrics, load)
         self._save_log(trial_dir)
         kw = {"server_info": info, "restarted": restarted, "launched": restarted, "flags": flags}
@@ -405,7 +420,9 @@ class TrialRunner:
         (trial_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
         with (trial_dir / "requests.jsonl").open("w") as f:
             for rec in load.records:
-                f.write(json.dumps(asdict(rec), default=str) + "\n")
+                # vars, not asdict: a record is flat, and asdict's deep copies of thousands
+                # of records took seconds per trial
+                f.write(json.dumps(vars(rec), default=str) + "\n")
 
 
 def _keywords(fn: Callable[..., Any], names: Sequence[str]) -> bool:

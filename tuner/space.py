@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Protocol
 
 from optuna.distributions import (
@@ -21,6 +22,7 @@ from optuna.distributions import (
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig
 from tuner.precheck import parallel_sizes
+from tuner.scorename import OLD_METRIC_NAMES
 from tuner.sglang.defaults import launch_defaults
 from tuner.sglang.flags import canonical_flag, normalize_flags
 
@@ -201,8 +203,10 @@ def fingerprint(cfg: StudyConfig) -> dict[str, str]:
         "space": {"space": normalize_flags(space["space"])},
         "server": normalize_flags(cfg.server),
         "workload": cfg.workload.model_dump(mode="json"),
-        "objective": cfg.objective.model_dump(mode="json"),
-        "target": {"host": cfg.target.host, "launch": cfg.target.launch, "gpus": cfg.target.gpus},
+        "objective": _objective_as_hashed(cfg),
+        "target": {"host": cfg.target.host, "launch": cfg.target.launch, "gpus": cfg.target.gpus}
+        # another image is another SGLang: only studies in a container add it (older unchanged)
+        | ({"image": cfg.target.container.image} if cfg.target.container else {}),
     }
     return {
         name: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[
@@ -210,3 +214,40 @@ def fingerprint(cfg: StudyConfig) -> dict[str, str]:
         ]
         for name, value in parts.items()
     }
+
+
+def _objective_as_hashed(cfg: StudyConfig) -> dict[str, Any]:
+    """The objective as fingerprints have always hashed it: a renamed metric under its old
+    name, so a study written before the rename resumes (same meaning, same hash)."""
+    objective = cfg.objective.model_dump(mode="json")
+    old = {new: old for old, new in OLD_METRIC_NAMES.items()}
+    objective["metric"] = old.get(objective["metric"], objective["metric"])
+    return objective
+
+
+def tidy(value: Any, dist: BaseDistribution | None = None) -> Any:
+    """A sampled value as the user would write it: 0.87, not 0.8700000000000001.
+
+    A float on a step grid is rounded to the grid's decimals (those of the step and of the low
+    end: 0.805..0.905 by 0.01 keeps 3); any other float loses only binary noise (12 digits).
+    """
+    if not isinstance(value, float):
+        return value
+    step = getattr(dist, "step", None)
+    if step and isinstance(dist, FloatDistribution):
+        return round(value, max(_decimals(step), _decimals(dist.low)))
+    return float(f"{value:.12g}")
+
+
+def tidy_params(
+    params: Mapping[str, Any], dists: Mapping[str, BaseDistribution] | None = None
+) -> dict[str, Any]:
+    """`tidy` over a trial's params (`dists`: the trial's own distributions, when known)."""
+    dists = dists or {}
+    return {k: tidy(v, dists.get(k)) for k, v in params.items()}
+
+
+def _decimals(x: float) -> int:
+    """Decimal places of a number as written: 0.01 -> 2, 0.5 -> 1, 10 -> 0."""
+    exponent = Decimal(repr(float(x))).normalize().as_tuple().exponent
+    return max(0, -int(exponent))

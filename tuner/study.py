@@ -235,6 +235,8 @@ def _require(module: str, sampler: str) -> None:
 
 
 def _grid(cfg: StudyConfig) -> dict[str, list[Any]]:
+    """Every searched parameter's grid: its choices, its steps, or `sampler.grid_points` points
+    spread over the range (on the log scale for a log range, e.g. a log-spaced concurrency)."""
     grid: dict[str, list[Any]] = {}
     for name, dist in distributions(cfg.space).items():
         if isinstance(dist, optuna.distributions.CategoricalDistribution):
@@ -243,12 +245,39 @@ def _grid(cfg: StudyConfig) -> dict[str, list[Any]]:
             n = round((dist.high - dist.low) / dist.step)
             grid[name] = [type(dist.low)(round(dist.low + i * dist.step, 10)) for i in range(n + 1)]
         else:
-            raise ConfigError("grid search needs a step (or choices)", key=f"space.{name}")
+            integer = isinstance(dist, optuna.distributions.IntDistribution)
+            grid[name] = range_points(
+                dist.low, dist.high, cfg.sampler.grid_points, log=dist.log, integer=integer
+            )
     return grid
+
+
+def range_points(
+    low: float, high: float, n: int, *, log: bool = False, integer: bool = False
+) -> list[Any]:
+    """`n` points from `low` to `high` (both included), evenly spaced on the log scale when
+    `log`; integers are rounded and repeats dropped (a narrow int range gives fewer points)."""
+    if n < 2 or low >= high:
+        return [int(low) if integer else low]
+    if log:
+        raw = [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+    else:
+        raw = [low + (high - low) * i / (n - 1) for i in range(n)]
+    raw[0], raw[-1] = low, high  # exact ends: optuna checks the grid against the range
+    if integer:
+        return sorted({round(x) for x in raw})
+    return [round(x, 10) for x in raw]
 
 
 def directions(cfg: StudyConfig) -> list[str]:
     return ["maximize", "minimize"] if cfg.objective.pareto_latency else ["maximize"]
+
+
+def metric_names(cfg: StudyConfig) -> list[str]:
+    """What each objective value is, by name (optuna-dashboard and `optuna.visualization` label
+    their axes with them, `study.trials_dataframe()` its columns)."""
+    latency = cfg.objective.pareto_latency
+    return [cfg.objective.metric, *([latency] if latency else [])]
 
 
 def open_study(
@@ -273,6 +302,11 @@ def open_study(
             "its trials would not be comparable. Give the study a new `study:` name "
             "(or another --runs-dir / --storage) to start afresh"
         )
+    names = metric_names(cfg)
+    if study.metric_names != names:  # named once; a study from before the names gets them here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
     return study
 
 

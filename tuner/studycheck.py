@@ -25,6 +25,7 @@ from typing import Any
 
 from tuner.capacity import GB
 from tuner.config import CLIENT_PARAMS, MAX_CONCURRENCY, MAX_TOKENS, ParamSpec, StudyConfig
+from tuner.container import target_problem
 from tuner.errors import ConfigError, TunerError
 from tuner.precheck import hicache_ram_problem, parallel_sizes
 from tuner.sglang.flags import canonical_flag, flags_for
@@ -82,6 +83,8 @@ def check_study(cfg: StudyConfig) -> None:
         _raise_if(cfg, f"baseline.{name}", _baseline_problem(value, cfg.space[name]))
     _check_workload(cfg)
     _check_host_ram(cfg)
+    if cfg.target.container is not None:
+        _raise_if(cfg, *target_problem(cfg.target.launch, cfg.target.workdir))
 
 
 def _raise_if(cfg: StudyConfig, key: str, problem: str | None) -> None:

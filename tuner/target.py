@@ -1,4 +1,5 @@
-"""The study's `target:`: the Host it runs on, where the server is reached, how it is launched.
+"""The study's `target:`: the Host it runs on, where the server is reached (its Endpoint), how it
+is launched.
 
 Everything a study derives from the `target:` section is derived here once, so the SSH options,
 the server's address and the launch template have one owner.
@@ -11,9 +12,11 @@ import sys
 from dataclasses import dataclass
 
 from tuner.config import TargetSection
+from tuner.container import DEFAULT_LAUNCH
+from tuner.endpoint import DirectEndpoint, Endpoint, TunnelEndpoint
 from tuner.errors import ConfigError
 from tuner.hosts.local import LocalHost
-from tuner.hosts.ssh import SSHHost, SSHOptions
+from tuner.hosts.ssh import SSHHost, SSHOptions, _resolve
 
 
 def is_local(target: TargetSection) -> bool:
@@ -28,16 +31,23 @@ def host_for(target: TargetSection) -> LocalHost | SSHHost:
     return SSHHost(SSHOptions.from_section(target.host, target.ssh))
 
 
-def http_host(target: TargetSection) -> str:
-    """The address the tuner reaches the server's port at."""
+def endpoint_for(target: TargetSection, host: LocalHost | SSHHost) -> Endpoint:
+    """Where the tuner reaches the server's port: `target.http_host` directly when set (an
+    ssh_config alias resolved to its HostName, as ssh would), 127.0.0.1 for a local target,
+    else an SSH tunnel to 127.0.0.1 on the host (the server keeps listening on its loopback)."""
     if target.http_host:
-        return target.http_host
-    return "127.0.0.1" if is_local(target) else target.host
+        return DirectEndpoint(http_hostname(target))
+    if is_local(target) or not isinstance(host, SSHHost):
+        return DirectEndpoint("127.0.0.1")
+    return TunnelEndpoint(host)
 
 
-def base_url(target: TargetSection) -> str:
-    host = http_host(target)
-    return f"http://[{host}]:{target.port}" if ":" in host else f"http://{host}:{target.port}"
+def http_hostname(target: TargetSection) -> str:
+    """`target.http_host`, or the HostName ssh_config gives it when it is an alias there (the
+    same file as the SSH options; explicit SSH options do not apply to it)."""
+    assert target.http_host
+    section = target.ssh.model_copy(update={"port": None, "user": None, "identity_file": None})
+    return _resolve(SSHOptions.from_section(target.http_host, section)).hostname
 
 
 def env_secret(name: str | None, key: str) -> str | None:
@@ -59,8 +69,12 @@ class Launch:
 
     @classmethod
     def of(cls, target: TargetSection) -> Launch:
-        # `{python}` stands for the Python running tuner (simulator studies)
-        template = tuple(sys.executable if a == "{python}" else a for a in target.launch)
+        # `{python}` stands for the Python running tuner (simulator studies); in a container the
+        # command runs inside the image, by default with its python3
+        launch = target.launch
+        if target.container is not None and "launch" not in target.model_fields_set:
+            launch = list(DEFAULT_LAUNCH)
+        template = tuple(sys.executable if a == "{python}" else a for a in launch)
         env = dict(target.env)
         if target.gpus:
             env["CUDA_VISIBLE_DEVICES"] = target.gpus

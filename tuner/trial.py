@@ -11,11 +11,19 @@ Every completed trial carries the same constraint keys (GPSampler requires it): 
 when the server could not run the config (pre-check rejection, failed start, death under load);
 the latency ones are observed/limit - 1, or -1 when no limit is set; `c_errors` is the error
 rate above the limit, or -1.
+
+What other tools read (optuna-dashboard, `optuna.visualization`, `study.trials_dataframe()`):
+the objective value of a configuration that missed its SLOs is as pessimistic as one that did
+not run (0), because optuna-dashboard names its best trial by value alone; what it measured
+stays in `metrics` and in one numeric user attribute per main metric (`METRIC_ATTRS`,
+sortable). TPE ranks infeasible trials by their violation, never by value, so it learns the
+same; GPSampler's objective model sees 0 there, as for a failed start.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -32,6 +40,26 @@ SLO_METRICS = {  # constraint key -> (slo field, metrics JSON key)
 }
 #: second objective of a configuration that did not run (pareto mode): worse than anything measured
 PESSIMISTIC_LATENCY_MS = 1e7
+#: where a trial's constraints are stored: optuna's list attribute, in CONSTRAINT_KEYS order.
+#: optuna-dashboard reads only this one; optuna 5 (samplers, `trial.constraints`,
+#: `optuna.visualization`) reads it and its per-key `constraints:<key>` attributes alike, under
+#: the keys "0".."5". One copy only: GPSampler would model a constraint stored twice twice.
+#: Studies written before keep their per-key constraints (`named_constraints` reads both).
+DASHBOARD_CONSTRAINTS = "constraints"
+#: the load run's main figures, each stored as its own numeric user attribute of a measured
+#: trial (the whole run stays under `metrics`); `max_total_num_tokens` is the server's KV pool
+METRIC_ATTRS = (
+    "window_output_throughput",
+    "output_throughput",
+    "request_throughput",
+    "goodput",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "p99_itl_ms",
+    "p99_e2e_latency_ms",
+    "error_rate",
+)
+POOL_ATTR = "max_total_num_tokens"
 
 
 class Status(StrEnum):
@@ -114,8 +142,9 @@ class TrialOutcome:
         return is_feasible(self.constraints)
 
     def to_attrs(self) -> dict[str, Any]:
-        """The user attributes this outcome is stored under (JSON-safe)."""
-        return {
+        """The user attributes this outcome is stored under (JSON-safe): the record, and for a
+        measured run its main figures as numbers (`METRIC_ATTRS`, `POOL_ATTR`)."""
+        attrs: dict[str, Any] = {
             Attr.STATUS: str(self.status),
             Attr.REASON: self.reason,
             Attr.FAILURE: None if self.failure is None else str(self.failure),
@@ -124,6 +153,12 @@ class TrialOutcome:
             Attr.RESTARTED: self.restarted,
             Attr.LAUNCHED: self.launched,
         }
+        if self.status.measured:
+            attrs.update(metric_attrs(self.metrics))
+        pool = self.server_info.get(POOL_ATTR)
+        if _number(pool):
+            attrs[POOL_ATTR] = pool
+        return attrs
 
     @classmethod
     def from_attrs(
@@ -153,6 +188,30 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def metric_attrs(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The main figures of a run's metrics that it reported, as plain numbers."""
+    return {k: float(metrics[k]) for k in METRIC_ATTRS if _number(metrics.get(k))}
+
+
+def named_constraints(constraints: Mapping[str, float]) -> dict[str, float]:
+    """A stored trial's constraints under their names (`c_start`, ...), whether optuna gives
+    them by name (studies written before the list) or by position in the list ("0", "1", ...)."""
+    if all(k in constraints for k in CONSTRAINT_KEYS):
+        return {k: constraints[k] for k in CONSTRAINT_KEYS}
+    by_index = {str(i): k for i, k in enumerate(CONSTRAINT_KEYS)}
+    return {by_index.get(k, k): v for k, v in constraints.items()}
+
+
+def missed_slos(constraints: Mapping[str, float]) -> list[str]:
+    """The SLOs a trial's constraints say it missed (`ttft`, `errors`, ...)."""
+    named = named_constraints(constraints)
+    return [k.removeprefix("c_") for k in CONSTRAINT_KEYS if named.get(k, 0.0) > 0]
+
+
 def slo_constraints(objective: ObjectiveSection, metrics: Mapping[str, Any]) -> dict[str, float]:
     """The constraint values of a measured run (all keys; <= 0 is within the limit)."""
     out = {"c_start": -1.0}
@@ -169,14 +228,30 @@ def objective_values(objective: ObjectiveSection, metrics: Mapping[str, Any]) ->
     """The study's objective(s) from one run's metrics.
 
     A duration-bounded run cuts the requests still in flight at its end; counting only completed
-    requests would score long requests at high concurrency as zero, so the window figure (all
-    tokens received in the window / duration) is the score where the load run reports it.
+    requests would score long requests at high concurrency as zero, so the default score is the
+    window figure (all tokens received in the window / duration). A run that reports only
+    `output_throughput` cut nothing, and then both figures are one.
     """
-    metric = objective.metric
-    main = float(metrics.get(f"window_{metric}", metrics.get(metric, 0.0)))
+    main = float(score_of(objective.metric, metrics) or 0.0)
     if objective.pareto_latency:
         return (main, float(metrics.get(objective.pareto_latency, PESSIMISTIC_LATENCY_MS)))
     return (main,)
+
+
+def score_of(metric: str, metrics: Mapping[str, Any]) -> float | None:
+    """What a run measured of the study's metric (None: not reported)."""
+    value = metrics.get(metric)
+    if value is None and metric == "window_output_throughput":
+        value = metrics.get("output_throughput")
+    return None if value is None else float(value)
+
+
+def pessimistic_values(objective: ObjectiveSection) -> tuple[float, ...]:
+    """The value(s) of a configuration that did not run or missed its SLOs: worse than any
+    feasible measurement, so a tool that picks the best by value alone picks a feasible one."""
+    if objective.pareto_latency:
+        return (0.0, PESSIMISTIC_LATENCY_MS)
+    return (0.0,)
 
 
 def measured_outcome(
@@ -193,8 +268,8 @@ def measured_outcome(
     if client_lagged:
         status, reason = Status.FLAGGED, "load run not trusted: the client lagged"
     elif not is_feasible(constraints):
-        missed = [k.removeprefix("c_") for k, v in constraints.items() if v > 0]
-        status, reason = Status.SLO_MISSED, "missed SLO: " + ", ".join(missed)
+        status, reason = Status.SLO_MISSED, "missed SLO: " + ", ".join(missed_slos(constraints))
+        values = pessimistic_values(objective)  # what it measured stays in `metrics`
     return TrialOutcome(status, values, constraints, reason, None, metrics, **kw)
 
 
@@ -202,8 +277,5 @@ def failed_outcome(
     objective: ObjectiveSection, status: Status, reason: str, failure: str | None, **kw: Any
 ) -> TrialOutcome:
     """A configuration that could not run: pessimistic value, start constraint violated."""
-    values: tuple[float, ...] = (0.0,)
-    if objective.pareto_latency:
-        values = (0.0, PESSIMISTIC_LATENCY_MS)
     constraints = dict.fromkeys(CONSTRAINT_KEYS, 1.0)
-    return TrialOutcome(status, values, constraints, reason, failure, **kw)
+    return TrialOutcome(status, pessimistic_values(objective), constraints, reason, failure, **kw)

@@ -22,6 +22,7 @@ its phases, and a SIGALRM watchdog (`watchdog`) interrupts a wait that ignores i
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import socket
 import threading
@@ -45,16 +46,35 @@ from tuner.errors import (
     StudyMismatchError,
     TrialTimeout,
 )
+from tuner.progress import TrialStarted
 from tuner.results import CONFIRM_ATTR, completed, measured_before, top_trials
 from tuner.runner import TrialRunner
-from tuner.space import active_params, sample, sglang_defaults
-from tuner.trial import CONSTRAINT_KEYS, Attr, Status, TrialOutcome, failed_outcome
+from tuner.space import active_params, condition_holds, sample, sglang_defaults
+from tuner.trial import (
+    CONSTRAINT_KEYS,
+    DASHBOARD_CONSTRAINTS,
+    METRIC_ATTRS,
+    POOL_ATTR,
+    Attr,
+    Status,
+    TrialOutcome,
+    failed_outcome,
+    named_constraints,
+)
 
 IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
 SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
 #: what a duplicate copies from the trial that measured its configuration
-DUPLICATE_ATTRS = (Attr.STATUS, Attr.REASON, Attr.METRICS, Attr.SERVER_INFO, Attr.FAILURE)
+DUPLICATE_ATTRS = (
+    Attr.STATUS,
+    Attr.REASON,
+    Attr.METRICS,
+    Attr.SERVER_INFO,
+    Attr.FAILURE,
+    *METRIC_ATTRS,
+    POOL_ATTR,
+)
 
 #: the one place an outcome becomes an optuna state: FAIL teaches the sampler nothing
 STATE_OF: Mapping[Status, TrialState] = {
@@ -127,6 +147,7 @@ class Tuning:
         on_trial: Callable[[FrozenTrial], None] | None = None,
         stop_group: Callable[[int], None] | None = None,
         claim_unowned: Callable[[], bool] | None = None,
+        on_progress: Callable[[TrialStarted], None] | None = None,
     ):
         self.cfg = cfg
         self.study = study
@@ -141,6 +162,9 @@ class Tuning:
         self.claim_unowned = claim_unowned
         self.stats = TuneStats()
         self.confirm_error: str | None = None
+        #: hears a TrialStarted as each trial and confirmation run begins (the live display)
+        self.on_progress = on_progress
+        self._repeats = 0
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -179,6 +203,10 @@ class Tuning:
             params = active_params(self.cfg.baseline, self.cfg.space)
         else:
             params = sglang_defaults(self.cfg, gpu_mem_mib)
+        space = self.cfg.space
+        partial = any(n not in params and condition_holds(s.when, params) for n, s in space.items())
+        if partial and isinstance(self.study.sampler, optuna.samplers.GridSampler):
+            return  # the grid sampler takes an enqueued trial only whole: its own cells run
         if params:
             self.study.enqueue_trial(params, user_attrs={Attr.BASELINE: True})
 
@@ -221,6 +249,8 @@ class Tuning:
         """optuna's objective: sample, dedupe, run under the trial's deadline, report."""
         trial.set_user_attr(Attr.WORKER, self.worker)  # first: a zombie must name its owner
         params = sample(trial, self.cfg.space)
+        if self.on_progress is not None:
+            self.on_progress(TrialStarted(trial.number, dict(params)))
         earlier = measured_before(self.study, params, trial.number)
         if earlier is not None:
             return self._duplicate(trial, earlier)
@@ -254,7 +284,12 @@ class Tuning:
         """Store the outcome on the trial and return its values; raise for a FAIL state."""
         if outcome.status == Status.WORLD and self._retries_spent(trial):
             outcome = self._reproduced(outcome.reason, outcome.failure, outcome)
-        for key, value in outcome.to_attrs().items():
+        attrs = outcome.to_attrs()
+        if outcome.restarted:
+            self._pool = attrs.get(POOL_ATTR)
+        elif outcome.status.measured and self._pool is not None:
+            attrs.setdefault(POOL_ATTR, self._pool)  # the reused server's pool
+        for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if outcome.status == Status.REJECTED:
             self.stats.rejected += 1
@@ -263,9 +298,20 @@ class Tuning:
         if STATE_OF[outcome.status] == TrialState.FAIL:
             self._infra_failed(trial, outcome.reason)
             raise Untrusted(outcome.reason)
-        for key in CONSTRAINT_KEYS:
-            trial.set_constraint(key, outcome.constraints[key])
+        self._constrain(trial, outcome.constraints)
         return _ret(outcome.values)
+
+    #: the KV pool of the server the last trial started (a reused server's trials carry it)
+    _pool: int | None = None
+
+    def _constrain(self, trial: Trial, constraints: Mapping[str, float]) -> None:
+        """The constraints as optuna's list attribute, in CONSTRAINT_KEYS order: the one place
+        both optuna 5 and optuna-dashboard read (trial.DASHBOARD_CONSTRAINTS). optuna 5 has no
+        public writer for it; its deprecated `constraints_func` wrote it through the storage so."""
+        values = [float(constraints[k]) for k in CONSTRAINT_KEYS]
+        if any(math.isnan(v) for v in values):  # as set_constraint refuses one
+            raise ValueError(f"NaN constraint in {dict(constraints)}")
+        trial.storage.set_trial_system_attr(trial._trial_id, DASHBOARD_CONSTRAINTS, values)
 
     def _retries_spent(self, trial: Trial) -> bool:
         """This trial is the last retry its params get (budget.infra_retries)."""
@@ -306,8 +352,8 @@ class Tuning:
         for key in DUPLICATE_ATTRS:
             if key in earlier.user_attrs:
                 trial.set_user_attr(key, earlier.user_attrs[key])
-        for key in CONSTRAINT_KEYS:
-            trial.set_constraint(key, earlier.constraints.get(key, 1.0))
+        named = named_constraints(earlier.constraints)
+        self._constrain(trial, {k: named.get(k, 1.0) for k in CONSTRAINT_KEYS})
         return _ret(tuple(earlier.values))
 
     def _check_identity(self, info: Mapping[str, Any]) -> None:
@@ -346,6 +392,7 @@ class Tuning:
         """
         # each worker writes its own record: workers sharing a study never overwrite each other
         key = f"{CONFIRM_ATTR}:{self.worker}"
+        self._repeats = repeats
         confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(key) or {})
         try:
             for t in top_trials(self.study, top):
@@ -374,6 +421,8 @@ class Tuning:
 
     def _confirm_once(self, t: FrozenTrial, n: int) -> float | None:
         """One confirmation run's value; None when the world spoiled it."""
+        if self.on_progress is not None:
+            self.on_progress(TrialStarted(t.number, dict(t.params), n, self._repeats))
         limit = float(self.cfg.budget.trial_timeout)
         try:
             with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):

@@ -180,3 +180,50 @@ def test_bench_against_the_simulator(tmp_path: Path) -> None:
     assert r["completed"] == 24 and r["total_output_tokens"] == 24 * 16
     assert r["server"]["generation_tokens"] == r["total_output_tokens"]
     assert r["server"]["cache_hit_rate"] > 0.5
+
+
+def test_bench_takes_bench_serving_flag_names(tmp_path: Path) -> None:
+    """A bench_serving command line works as typed; its JSONL output file is appended to."""
+    fake = FakeSGLang(FakeConfig(token_delay_s=0.001))
+    out = tmp_path / "results.jsonl"
+    out.write_text('{"earlier": "run"}\n')
+    with ServerThread(fake) as srv:
+        p = tuner(
+            *("--backend", "sglang-native", "--base-url", srv.url, "--max-concurrency", "4"),
+            *("--num-prompts", "12", "--dataset-name", "random", "--random-input-len", "32"),
+            *("--random-output-len", "8", "--random-range-ratio", "1", "--request-rate", "inf"),
+            *("--seed", "3", "--warmup-requests", "1", "--disable-tqdm"),
+            *("--output-file", str(out)),
+        )
+    assert p.returncode == 0, p.stderr
+    earlier, line = out.read_text().splitlines()
+    r = json.loads(line)
+    assert r["backend"] == "sglang" and r["dataset_name"] == "random"
+    assert r["max_concurrency"] == 4 and r["request_rate"] is None
+    assert (r["random_input_len"], r["random_output_len"], r["random_range_ratio"]) == (32, 8, 1.0)
+    assert r["completed"] == 12 and r["total_output_tokens"] == 96
+    assert r["output_throughput"] == pytest.approx(96 / r["duration"])  # bench_serving's own
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--profile"], "--profile is a bench_serving option tuner bench does not support"),
+        (["--tokenizer", "meta-llama/x"], "--tokenizer is a bench_serving option"),
+        (["--dataset-name", "mmmu"], "--dataset-name: tuner bench builds random"),
+        (["--dataset-name", "sharegpt"], "--dataset-path: a sharegpt workload needs"),
+        (["--backend", "trt"], "--backend: 'trt' is not an API tuner speaks"),
+        (["--random-input-len", "0"], "--random-input-len: must be >= 1"),
+    ],
+)
+def test_bench_serving_flags_it_cannot_honour_are_one_line_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture
+) -> None:
+    from tuner.cli import main
+
+    try:  # in this process: these stop before any request
+        code = main(["bench", "--max-concurrency", "2", "--disable-tqdm", *argv])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err

@@ -77,13 +77,17 @@ def _study(tmp: Path, name: str, sshd: Sshd, ssh_port: int, faults: bool) -> Pat
 
 
 def _tune(study: Path, runs: Path) -> subprocess.Popen:
-    return subprocess.Popen(
+    # stderr to a file: the plain progress lines of 40 trials outgrow a pipe nobody drains
+    err = (runs.parent / f"{study.stem}.stderr").open("w+")
+    proc = subprocess.Popen(
         [*TUNE, str(study), "--runs-dir", str(runs), "--worker", "soak", "--no-progress"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=err,
         text=True,
     )
+    proc.err_file = err  # type: ignore[attr-defined]
+    return proc
 
 
 def _finish(procs: dict[str, subprocess.Popen], t0: float) -> dict[str, tuple[int, str, float]]:
@@ -94,16 +98,15 @@ def _finish(procs: dict[str, subprocess.Popen], t0: float) -> dict[str, tuple[in
         for name, proc in procs.items():
             if name not in done and proc.poll() is not None:
                 took = time.monotonic() - t0
-                assert proc.stderr is not None
-                done[name] = (proc.returncode, proc.stderr.read(), took)
+                proc.err_file.seek(0)  # type: ignore[attr-defined]
+                done[name] = (proc.returncode, proc.err_file.read(), took)  # type: ignore[attr-defined]
         time.sleep(0.2)
     for name, proc in procs.items():
         if name not in done:
             proc.kill()
             proc.wait(timeout=30)
             done[name] = (-1, "timed out", time.monotonic() - t0)
-        if proc.stderr is not None:
-            proc.stderr.close()
+        proc.err_file.close()  # type: ignore[attr-defined]
     return done
 
 

@@ -99,7 +99,9 @@ def test_the_core_never_imports_the_simulator() -> None:
     bad = {
         m: sorted(d for d in deps if d.startswith("tuner.sim"))
         for m, deps in graph().items()
-        if not m.startswith("tuner.sim") and m != "tuner.commands.sim" and m != "tuner.cli"
+        # `tuner sim` runs the simulator; `tuner tune --virtual` runs a study on its engine
+        if not m.startswith("tuner.sim")
+        and m not in ("tuner.commands.sim", "tuner.commands.tune", "tuner.cli")
     }
     assert {m: d for m, d in bad.items() if d} == {}
 

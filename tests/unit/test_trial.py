@@ -46,7 +46,8 @@ def test_attrs_round_trip_through_json() -> None:
             Attr.RESTARTED,
             Attr.LAUNCHED,
         )
-    }
+    } | {"window_output_throughput", "p99_ttft_ms", "max_total_num_tokens"}  # sortable numbers
+    assert stored["p99_ttft_ms"] == 400.0 and stored["max_total_num_tokens"] == 116171
 
 
 def test_a_trial_without_an_outcome_reads_back_as_none() -> None:

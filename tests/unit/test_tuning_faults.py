@@ -22,7 +22,7 @@ from tuner.errors import (
     TrialTimeout,
 )
 from tuner.lifecycle import StartResult
-from tuner.trial import Attr, Status
+from tuner.trial import Attr, Status, named_constraints
 from tuner.tuning import watchdog
 from tuner.worklock import WorkerLock, lock_path, marker_for
 
@@ -74,7 +74,7 @@ def test_a_crash_without_evidence_is_retried_then_counts_as_the_configs(tmp_path
     last = trials[-1].user_attrs
     assert last[Attr.STATUS] == Status.START_FAILED
     assert "failed the same way 3 times" in last[Attr.REASON] and last[Attr.FAILURE] == "crashed"
-    assert trials[-1].constraints["c_start"] > 0  # infeasible
+    assert named_constraints(trials[-1].constraints)["c_start"] > 0  # infeasible
 
 
 def test_a_halt_keeps_the_params_for_the_resumed_run(tmp_path: Path) -> None:

@@ -1,7 +1,13 @@
 """`tuner bench`: one load run against any running SGLang-compatible server.
 
 Prints a bench_serving-like summary; `--json FILE` writes bench_serving's result keys plus the
-tuner's additions (p90s, errors, the server's own view from /metrics, the client self-check).
+tuner's additions (p90s, errors, the server's own view from /metrics, the client self-check);
+`--output-file FILE` appends them as one JSON line, as bench_serving does.
+
+It takes bench_serving's flag names for what it supports (`--base-url`, `--max-concurrency`,
+`--num-prompts`, `--dataset-name`, `--dataset-path`, `--random-input-len`, ...; its backend and
+dataset names: tuner.bench_names) beside tuner's own; a bench_serving option it does not
+support (`--tokenizer`, `--profile`, ...) is one line and exit 2, never silently ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
+from tuner.bench_names import BACKEND_ALIASES, BACKEND_NAME, DATASET_KINDS, backend_kind, run_keys
 from tuner.commands.common import output_file
 from tuner.config import MAX_CONCURRENCY, WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable
@@ -25,8 +32,10 @@ if TYPE_CHECKING:
 
 #: bench_serving's --num-prompts default, when neither a count nor a duration is given
 _DEFAULT_NUM_REQUESTS = 1000
+#: where bench_serving sends without --base-url (its --host default 0.0.0.0 is this machine)
+_DEFAULT_HOST, _DEFAULT_PORT = "127.0.0.1", 30000
 
-#: WorkloadSection key -> the flag that sets it (others: `--` + the key with dashes)
+#: WorkloadSection key -> the tuner flag that sets it (others: `--` + the key with dashes)
 _FLAG_OF = {
     "kind": "--workload",
     "dataset": "--dataset",
@@ -34,6 +43,8 @@ _FLAG_OF = {
     "request_timeout_s": "--request-timeout",
     "stream": "--no-stream",
 }
+#: WorkloadSection key -> the argparse dest holding it, where they differ
+_DEST_OF = {"kind": "workload", "duration_s": "duration", "request_timeout_s": "request_timeout"}
 
 #: flags whose value is a WorkloadSection key of the same name (unset: the section's default)
 _SAME_NAME = (
@@ -46,10 +57,63 @@ _SAME_NAME = (
     "prefix_len",
     "question_len",
     "turns",
+    "dataset_output_len",
     "warmup_requests",
     "seed",
     "model",
 )
+
+#: bench_serving's own names for tuner's flags (the same option, any name)
+_ALIASES: dict[str, str | tuple[str, ...]] = {
+    "--url": "--base-url",
+    "--concurrency": "--max-concurrency",
+    "--num-requests": "--num-prompts",
+    "--dataset": "--dataset-path",
+    "--input-len": "--random-input-len",
+    "--output-len": ("--random-output-len", "--gsp-output-len"),  # random's and shared-prefix's
+    "--range-ratio": "--random-range-ratio",
+    "--dataset-output-len": "--sharegpt-output-len",
+    "--num-groups": "--gsp-num-groups",
+    "--prompts-per-group": "--gsp-prompts-per-group",
+    "--prefix-len": "--gsp-system-prompt-len",
+    "--question-len": "--gsp-question-len",
+    "--no-stream": "--disable-stream",
+    "--no-progress": "--disable-tqdm",
+}
+#: bench_serving options tuner bench does not support: refused by name, not ignored
+_NOT_SUPPORTED = (
+    "--tokenizer",
+    "--sharegpt-context-len",
+    "--output-details",
+    "--return-logprob",
+    "--disable-ignore-eos",
+    "--extra-request-body",
+    "--apply-chat-template",
+    "--profile",
+    "--lora-name",
+    "--prompt-suffix",
+    "--pd-separated",
+    "--tokenize-prompt",
+)
+
+
+class _Typed(argparse.Action):
+    """Store the value and remember which of the option's names was typed: an error about it
+    names the flag the user wrote (`--max-concurrency`, not `--concurrency`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        setattr(namespace, self.dest, values)
+        namespace.typed = {**(getattr(namespace, "typed", None) or {}), self.dest: option_string}
+
+
+class _NotSupported(argparse.Action):
+    """A bench_serving option tuner bench does not have: one line, exit 2."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs="*", help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        parser.error(f"{option_string} is a bench_serving option tuner bench does not support")
 
 
 def _choices(key: str) -> tuple[str, ...]:
@@ -60,42 +124,98 @@ def _default(key: str) -> str:
     return f"(default {WorkloadSection.model_fields[key].default})"
 
 
+def _names(flag: str) -> list[str]:
+    alias = _ALIASES.get(flag, ())
+    return [flag, *((alias,) if isinstance(alias, str) else alias)]
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="one load run against a running server")
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--concurrency", type=int, required=True, help="closed-loop concurrency")
+    p = sub.add_parser(
+        "bench",
+        help="one load run against a running server (bench_serving's flag names work too)",
+        epilog="bench_serving's --backend and --dataset-name values are accepted where tuner "
+        "speaks the same API or builds the same prompts; its other options are refused.",
+    )
+
+    def opt(flag: str, **kw: Any) -> None:
+        kw.setdefault("action", _Typed)
+        p.add_argument(*_names(flag), **kw)
+
+    opt("--url", help="server base URL (default http://127.0.0.1:30000, or --host/--port)")
+    opt("--host", help=f"server host when no --url is given (default {_DEFAULT_HOST})")
+    opt("--port", type=int, help=f"server port when no --url is given (default {_DEFAULT_PORT})")
+    opt("--concurrency", type=int, required=True, help="closed-loop concurrency")
     bound = p.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, help="stop after S seconds (cancels in-flight)")
     bound.add_argument(
-        "--num-requests", type=int, help=f"send N requests (default {_DEFAULT_NUM_REQUESTS})"
+        "--duration", type=float, action=_Typed, help="stop after S seconds (cancels in-flight)"
+    )
+    bound.add_argument(
+        *_names("--num-requests"),
+        type=int,
+        action=_Typed,
+        help=f"send N requests (default {_DEFAULT_NUM_REQUESTS})",
     )
     # an unset flag takes the study file's default (config.WorkloadSection); the defaults
     # given here are where bench_serving's conventions differ from a study's
-    p.add_argument("--backend", choices=_choices("backend"), help=_default("backend"))
-    p.add_argument("--workload", choices=_choices("kind"), help=_default("kind"))
-    p.add_argument("--dataset", help="ShareGPT JSON/JSONL or prompts JSONL file")
-    for key in ("input_len", "output_len"):
-        p.add_argument("--" + key.replace("_", "-"), type=int, help=_default(key))
-    # bench_serving's random lengths go down to 1 (a study's are exact by default)
-    p.add_argument(
-        "--range-ratio", type=float, default=0.0, help="lengths uniform in [L*r, L] (default 0)"
+    opt(
+        "--backend",
+        help=f"{', '.join(_choices('backend'))}, or bench_serving's "
+        f"{', '.join(sorted({*BACKEND_NAME.values(), *BACKEND_ALIASES}))} {_default('backend')}",
     )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--workload", choices=_choices("kind"), action=_Typed, help=_default("kind"))
+    kind.add_argument(
+        "--dataset-name",
+        action=_Typed,
+        help=f"bench_serving's name of the workload: {', '.join(DATASET_KINDS)}",
+    )
+    opt("--dataset", help="ShareGPT JSON/JSONL or prompts JSONL file")
+    for key in ("input_len", "output_len"):
+        opt("--" + key.replace("_", "-"), type=int, help=_default(key))
+    # bench_serving's random lengths go down to 1 (a study's are exact by default)
+    opt("--range-ratio", type=float, default=0.0, help="lengths uniform in [L*r, L] (default 0)")
+    opt("--dataset-output-len", type=int, help="output tokens of each dataset record")
     for key in ("num_groups", "prompts_per_group", "prefix_len", "question_len", "turns"):
-        p.add_argument("--" + key.replace("_", "-"), type=int, help=_default(key))
-    p.add_argument("--request-rate", type=float, help="Poisson rate (req/s); default closed loop")
-    p.add_argument("--warmup-requests", type=int, help=_default("warmup_requests"))
+        opt("--" + key.replace("_", "-"), type=int, help=_default(key))
+    opt("--request-rate", type=float, help="Poisson rate (req/s); default (or inf) closed loop")
+    opt("--warmup-requests", type=int, help=_default("warmup_requests"))
     # bench_serving flushes only when asked (a study flushes before every run by default)
     p.add_argument("--flush-cache", action="store_true", help="POST /flush_cache before the run")
-    p.add_argument(
+    opt(
         "--request-timeout", type=float, help="seconds per request " + _default("request_timeout_s")
     )
-    p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key")
-    p.add_argument("--model", help="model name for OpenAI endpoints (default: /v1/models)")
-    p.add_argument("--no-stream", action="store_true")
-    p.add_argument("--seed", type=int, help=_default("seed"))
-    p.add_argument("--json", metavar="FILE", type=output_file, help="write the results as JSON")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=run)
+    opt("--api-key-env", metavar="NAME", help="environment variable holding the key")
+    opt("--model", help="model name for OpenAI endpoints (default: /v1/models)")
+    p.add_argument(*_names("--no-stream"), dest="no_stream", action="store_true")
+    opt("--seed", type=int, help=_default("seed"))
+    opt("--json", metavar="FILE", type=output_file, help="write the results as JSON")
+    opt(
+        "--output-file",
+        metavar="FILE",
+        type=output_file,
+        help="append the results as one JSON line (bench_serving's JSONL)",
+    )
+    p.add_argument(*_names("--no-progress"), dest="no_progress", action="store_true")
+    for flag in _NOT_SUPPORTED:
+        p.add_argument(flag, action=_NotSupported)
+    p.set_defaults(run=run, typed={})
+
+
+def _flag(args: argparse.Namespace, key: str) -> str:
+    """The flag that set WorkloadSection's `key`, as the user typed it."""
+    if key == "kind" and args.dataset_name:
+        return "--dataset-name"
+    if key == "dataset" and args.dataset_name and args.dataset is None:
+        return "--dataset-path"  # bench_serving's word for the file a dataset needs
+    dest = _DEST_OF.get(key, key)
+    return args.typed.get(dest) or _FLAG_OF.get(key, "--" + key.replace("_", "-"))
+
+
+def _url(args: argparse.Namespace) -> str:
+    """--url / --base-url, else http://HOST:PORT from --host and --port (bench_serving's way)."""
+    if args.url is not None:
+        return args.url
+    return f"http://{args.host or _DEFAULT_HOST}:{args.port or _DEFAULT_PORT}"
 
 
 def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], LoadOptions]:
@@ -103,14 +223,14 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
     from tuner.loadgen import load_options
     from tuner.workload import requests_for
 
-    _check_url(args.url)
+    args.url = _url(args)
+    _check_url(args.url, args.typed.get("url") or "--url")
+    flag = args.typed.get("concurrency") or "--concurrency"
     if args.concurrency < 1:
         # not a workload key: in a study, concurrency is a searched parameter
-        raise ConfigError(f"must be >= 1 (got {args.concurrency})", key="--concurrency")
+        raise ConfigError(f"must be >= 1 (got {args.concurrency})", key=flag)
     if args.concurrency > MAX_CONCURRENCY:
-        raise ConfigError(
-            f"must be at most {MAX_CONCURRENCY:,} (got {args.concurrency})", key="--concurrency"
-        )
+        raise ConfigError(f"must be at most {MAX_CONCURRENCY:,} (got {args.concurrency})", key=flag)
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -121,12 +241,12 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
     w = _workload(args)
     # a duration-bounded run needs enough requests to stay busy for the whole window
     pool = max(_DEFAULT_NUM_REQUESTS, 20 * args.concurrency)
-    _check_size(w, pool)
+    _check_size(w, pool, args)
     options = load_options(w, concurrency=args.concurrency, api_key=api_key)
     return w, requests_for(w, num_requests=pool), options
 
 
-def _check_url(url: str) -> None:
+def _check_url(url: str, flag: str = "--url") -> None:
     """An http(s) URL with a host and a valid port (aiohttp would fail later, less clearly)."""
     from urllib.parse import urlsplit
 
@@ -134,16 +254,14 @@ def _check_url(url: str) -> None:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise ConfigError(f"{url!r} is not a valid URL: {exc}", key="--url") from None
+        raise ConfigError(f"{url!r} is not a valid URL: {exc}", key=flag) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000", key="--url"
-        )
+        raise ConfigError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000", key=flag)
     if port == 0:
-        raise ConfigError(f"port 0 in {url!r}: expected 1..65535", key="--url")
+        raise ConfigError(f"port 0 in {url!r}: expected 1..65535", key=flag)
 
 
-def _check_size(w: WorkloadSection, pool: int) -> None:
+def _check_size(w: WorkloadSection, pool: int, args: argparse.Namespace) -> None:
     """The request list is built in memory before the run: bound its tokens."""
     from tuner.studycheck import MAX_POOL_TOKENS
 
@@ -152,21 +270,53 @@ def _check_size(w: WorkloadSection, pool: int) -> None:
     longest = per.get(w.kind, w.input_len)
     count = w.num_groups * w.prompts_per_group if w.kind == "shared-prefix" else n
     if w.kind not in ("sharegpt", "jsonl") and count * longest > MAX_POOL_TOKENS:
-        flag = "--prefix-len" if w.kind == "shared-prefix" else "--input-len"
+        key = "prefix_len" if w.kind == "shared-prefix" else "input_len"
         raise ConfigError(
             f"{count:,} requests of up to {longest:,} tokens exceed the "
             f"{MAX_POOL_TOKENS:,} prompt tokens tuner builds in memory",
-            key=flag,
+            key=_flag(args, key),
         )
+
+
+def _kind(args: argparse.Namespace) -> str | None:
+    """--workload, or bench_serving's --dataset-name as tuner's workload kind."""
+    if args.dataset_name is None:
+        return args.workload
+    kind = DATASET_KINDS.get(args.dataset_name)
+    if kind is None:
+        raise ConfigError(
+            f"tuner bench builds {', '.join(DATASET_KINDS)} (and with --workload: "
+            f"{', '.join(k for k in _choices('kind') if k not in DATASET_KINDS.values())}), "
+            f"not {args.dataset_name!r}",
+            key="--dataset-name",
+        )
+    return kind
+
+
+def _backend(args: argparse.Namespace) -> str | None:
+    """--backend in tuner's words (bench_serving's name of the same API accepted)."""
+    if args.backend is None:
+        return None
+    kind = backend_kind(args.backend)
+    if kind is None:
+        raise ConfigError(
+            f"{args.backend!r} is not an API tuner speaks: {', '.join(_choices('backend'))} "
+            f"(or bench_serving's {', '.join(sorted({*BACKEND_NAME.values(), *BACKEND_ALIASES}))})",
+            key="--backend",
+        )
+    return kind
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSection:
     """The flags as a WorkloadSection: its checks apply, their errors name the flag."""
     values: dict[str, Any] = {k: getattr(args, k) for k in _SAME_NAME}
+    rate = args.request_rate
     values.update(
-        kind=args.workload,
+        backend=_backend(args),
+        kind=_kind(args),
         dataset=args.dataset,
-        request_rate=args.request_rate,
+        # bench_serving's default rate is inf: every request at once, its concurrency the bound
+        request_rate=None if rate is not None and math.isinf(rate) else rate,
         request_timeout_s=args.request_timeout,
     )
     num_requests = args.num_requests
@@ -184,9 +334,10 @@ def _workload(args: argparse.Namespace) -> WorkloadSection:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else "kind"
-        flag = _FLAG_OF.get(field, "--" + field.replace("_", "-"))
         # the message is WorkloadSection's own; only the key becomes the flag
-        raise ConfigError(err["msg"].removeprefix("Value error, "), key=flag) from None
+        raise ConfigError(
+            err["msg"].removeprefix("Value error, "), key=_flag(args, field)
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,16 +355,18 @@ def run(args: argparse.Namespace) -> int:
     m = result.metrics()
     if m.completed == 0 and m.errors and set(m.error_kinds) == {"connection"}:
         raise HostUnreachable(f"cannot reach {args.url}: every request failed to connect")
+    rate = None if math.isinf(options.request_rate) else options.request_rate
     out: dict[str, Any] = {
-        "backend": options.backend,
+        **run_keys(w, options.concurrency, rate),
         "workload": w.kind,
-        "max_concurrency": options.concurrency,
-        "request_rate": None if math.isinf(options.request_rate) else options.request_rate,
         **result.summary(),
     }
     _print_summary(out)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    if args.output_file:
+        with Path(args.output_file).open("a") as f:  # bench_serving appends one line per run
+            f.write(json.dumps(out) + "\n")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`tuner export`: the best configuration as SGLang `--config` YAML, a command line, or JSON."""
+"""`tuner export`: the best configuration as SGLang `--config` YAML, a command line, or JSON;
+every trial as CSV."""
 
 from __future__ import annotations
 
@@ -9,23 +10,40 @@ from tuner.commands.common import add_study_args, load, output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write the best launch config (SGLang --config YAML)")
+    p = sub.add_parser(
+        "export", help="write the best launch config (SGLang --config YAML), or every trial as CSV"
+    )
     add_study_args(p)
     p.add_argument(
         "-o", "--output", type=output_file, help="file to write (default: standard output)"
     )
-    p.add_argument("--format", choices=["yaml", "cmd", "json"], default="yaml")
+    p.add_argument(
+        "--format",
+        choices=["yaml", "cmd", "json", "csv"],
+        default="yaml",
+        help="yaml, cmd, json: the winner; csv: every trial (params, state, status, reason, "
+        "main metrics) with a header row",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.export import export_data, render
     from tuner.study import existing_study
 
     cfg = load(args)
-    text = render(export_data(cfg, existing_study(cfg, args.runs_dir, args.storage)), args.format)
+    study = existing_study(cfg, args.runs_dir, args.storage)
+    if args.format == "csv":
+        from tuner.trialrows import trial_rows, trials_csv
+
+        text = trials_csv(cfg, trial_rows(cfg, study))
+    else:
+        from tuner.export import export_data, render
+
+        text = render(export_data(cfg, study), args.format)
     if args.output:
-        args.output.write_text(text)
+        # newline="": the CSV's CRLF line ends stay as RFC 4180 has them
+        with args.output.open("w", newline="") as f:
+            f.write(text)
     else:
         sys.stdout.write(text)
     return 0

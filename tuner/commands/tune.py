@@ -7,7 +7,9 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 from tuner.commands.common import add_study_args, load
@@ -30,7 +32,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--worker", type=_worker, help="this worker's name (default: host name and target)"
     )
     p.add_argument("--seed", type=_seed, help="sampler seed (default: the study file's)")
-    p.add_argument("--no-progress", action="store_true", help="no per-trial lines")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="plain timestamped lines, one per event, instead of the live display (the default "
+        "when stderr is not a terminal)",
+    )
+    p.add_argument(
+        "--notify",
+        metavar="CMD",
+        help="shell command run with a JSON summary on stdin when the run ends, fails or stops "
+        "early (overrides the study file's notify.command)",
+    )
+    p.add_argument(
+        "--virtual",
+        action="store_true",
+        help="run the study against the simulator's engine in virtual time (the launch must be "
+        "`{python} -m tuner.sim --sim-profile NAME`): no processes, no HTTP, seconds per study",
+    )
     p.set_defaults(run=run)
 
 
@@ -106,42 +125,101 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tuner.api import Events, tune
-    from tuner.progress import trial_line
+    from tuner.live import display_for
+    from tuner.notify import notify_for
 
     cfg = load(args)
     n_trials, timeout = _budget(args, cfg)
     console = Console(stderr=True, soft_wrap=True)
     # our own line per trial says more, and a failed trial is not a traceback the user must read
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    notify = notify_for(args.notify, cfg.notify)
+    display = display_for(cfg, console, plain=args.no_progress)
+    started = time.time()
+    make_seams = None
+    if args.virtual:
+        from tuner.sim.virtual_study import virtual_seams
 
-    def on_trial(trial: Any) -> None:
-        if not args.no_progress:
-            console.print(trial_line(cfg, trial), highlight=False)
-
-    def on_message(text: str) -> None:
-        console.print(text, highlight=False)
-
-    with interrupts():
-        result = tune(
-            cfg,
-            runs_dir=args.runs_dir,
-            storage=args.storage,
-            worker=args.worker,
-            n_trials=n_trials,
-            timeout_s=timeout,
-            seed=args.seed,
-            events=Events(on_trial, on_message),
-        )
+        make_seams = virtual_seams(cfg.sampler.seed if args.seed is None else args.seed)
+    try:
+        with interrupts(), display:
+            result = tune(
+                cfg,
+                runs_dir=args.runs_dir,
+                storage=args.storage,
+                worker=args.worker,
+                n_trials=n_trials,
+                timeout_s=timeout,
+                seed=args.seed,
+                events=Events(display.trial, display.message, display.progress),
+                make_seams=make_seams,
+            )
+    except BaseException as exc:
+        if notify is not None:
+            _notify(args, cfg, notify, display, started, exc=exc, n_trials=n_trials)
+        raise
+    say = display.message
     if result.confirm_error:
-        console.print(f"confirmation stopped early: {result.confirm_error}")
+        say(f"confirmation stopped early: {result.confirm_error}")
     s = result.stats
-    console.print(
+    say(
         f"this run: {s.launched} launched, {s.rejected} rejected before launch, {result.reuses} "
         f"server reuses, {s.duplicates} duplicates answered, {s.infra_failures} infrastructure failures"
     )
+    code = 0
     if result.best_path is None or result.best_yaml is None:
-        console.print(f"no feasible configuration yet: see `tuner status {cfg.source}`")
-        return 1
-    console.print(f"best launch config written to {result.best_path}:")
-    sys.stdout.write(result.best_yaml)
-    return 0
+        say(f"no feasible configuration yet: see `tuner status {cfg.source}`")
+        code = 1
+    else:
+        say(f"best launch config written to {result.best_path}:")
+        sys.stdout.write(result.best_yaml)
+        sys.stdout.flush()
+    if notify is not None:
+        this_run = {**asdict(s), "server_reuses": result.reuses}
+        _notify(
+            args,
+            cfg,
+            notify,
+            display,
+            started,
+            exit_code=code,
+            study=result.study,
+            n_trials=n_trials,
+            best_yaml=result.best_path,
+            this_run=this_run,
+        )
+    return code
+
+
+def _notify(
+    args: argparse.Namespace,
+    cfg: Any,
+    notify: Any,
+    display: Any,
+    started: float,
+    *,
+    exc: BaseException | None = None,
+    exit_code: int | None = None,
+    study: Any = None,
+    **kw: Any,
+) -> None:
+    """Send the run's summary; a notification that fails is one line, never the run's fate."""
+    from tuner.notify import send
+    from tuner.runsummary import exit_code_of, message_of, readable_study, run_summary
+
+    if exc is not None:
+        study = readable_study(cfg, args.runs_dir, args.storage)
+        exit_code = exit_code_of(exc)
+    summary = run_summary(
+        cfg,
+        exc=exc,
+        exit_code=exit_code if exit_code is not None else 0,
+        message=None if exc is None else message_of(exc),
+        started=started,
+        ended=time.time(),
+        study=study,
+        **kw,
+    )
+    why = send(notify, summary)
+    if why is not None:
+        display.message(f"tuner: notify command failed ({why}); the study is not affected")

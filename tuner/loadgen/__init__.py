@@ -16,13 +16,14 @@ stream parsing), `timed` (the timed run), `monitor` (the self-check), `result` (
 
 from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.options import MAX_LOOP_LAG_MS, LoadOptions, load_options
-from tuner.loadgen.result import LoadResult, SelfCheck
+from tuner.loadgen.result import LoadProgress, LoadResult, SelfCheck
 from tuner.loadgen.run import make_session, run_load, run_load_sync
 
 __all__ = [
     "MAX_LOOP_LAG_MS",
     "Bounds",
     "LoadOptions",
+    "LoadProgress",
     "LoadResult",
     "SelfCheck",
     "load_options",

@@ -20,6 +20,26 @@ class SelfCheck:
 
 
 @dataclass(frozen=True)
+class LoadProgress:
+    """A running load run, as its watcher sees it: the window so far, requests ended, output
+    tokens received (cut requests' included), and the server's own gauges from its last
+    /metrics scrape (None when it exports none)."""
+
+    elapsed_s: float
+    window_s: float | None  # the run's duration bound (None: bounded by its request count)
+    done: int
+    planned: int
+    output_tokens: int
+    running: float | None = None
+    queued: float | None = None
+
+    @property
+    def tok_s(self) -> float:
+        """Output tokens per second over the window so far."""
+        return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class LoadResult:
     """A finished run: records, timed duration, self-check, the server's view, why it stopped.
 

@@ -4,7 +4,8 @@ Every step has a deadline derived from the load window (tuner/loadgen/bounds.py)
 stops answering ends the run as `stopped == "unresponsive"` within `Bounds.total_s`, never after
 the request timeout times the number of requests. `time_limit_s` (the trial's time left) caps
 the whole run on top: past it the run raises TrialTimeout. `on_phase("warmup")` and
-`on_phase("load")` tell the caller where the run is (the trial's phases log).
+`on_phase("load")` tell the caller where the run is (the trial's phases log); `on_progress`
+hears how the timed run goes (tuner/loadgen/timed.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, send_one
 from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import LoadOptions
-from tuner.loadgen.result import LoadResult
+from tuner.loadgen.result import LoadProgress, LoadResult
 from tuner.loadgen.timed import TimedRun
 from tuner.metrics import RequestRecord
 from tuner.workload import Request
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 _FLUSH_RETRY_S = 0.25
 
 Phase = Callable[[str], None]
+Tick = Callable[[LoadProgress], None]
 
 
 def make_session(options: LoadOptions) -> aiohttp.ClientSession:
@@ -50,6 +52,7 @@ def run_load_sync(
     *,
     time_limit_s: float | None = None,
     on_phase: Phase | None = None,
+    on_progress: Tick | None = None,
 ) -> LoadResult:
     """`run_load` in a fresh event loop with a session from `make_session`."""
 
@@ -63,6 +66,7 @@ def run_load_sync(
                 progress,
                 time_limit_s=time_limit_s,
                 on_phase=on_phase,
+                on_progress=on_progress,
             )
 
     return asyncio.run(main())
@@ -77,6 +81,7 @@ async def run_load(
     *,
     time_limit_s: float | None = None,
     on_phase: Phase | None = None,
+    on_progress: Tick | None = None,
 ) -> LoadResult:
     """Warm up, optionally flush the cache, then one timed run of `requests` per `options`.
 
@@ -86,10 +91,10 @@ async def run_load(
     if not requests:
         raise ConfigError("the workload has no requests", key="workload")
     if time_limit_s is None:
-        return await _run(session, base_url, requests, options, progress, on_phase)
+        return await _run(session, base_url, requests, options, progress, on_phase, on_progress)
     try:
         async with asyncio.timeout(max(0.0, time_limit_s)) as cm:
-            return await _run(session, base_url, requests, options, progress, on_phase)
+            return await _run(session, base_url, requests, options, progress, on_phase, on_progress)
     except TimeoutError as exc:
         if not cm.expired():
             raise
@@ -104,6 +109,7 @@ async def _run(
     options: LoadOptions,
     progress: Progress | None,
     on_phase: Phase | None,
+    on_progress: Tick | None = None,
 ) -> LoadResult:
     bounds = Bounds.of(options)
     client = Client(session, base_url, options)
@@ -124,7 +130,7 @@ async def _run(
             await asyncio.wait_for(flush, bounds.flush_s)
     if on_phase is not None:
         on_phase("load")
-    return await TimedRun(client, requests, options, progress, bounds).run()
+    return await TimedRun(client, requests, options, progress, bounds, on_progress).run()
 
 
 def unanswered(silent_s: float) -> LoadResult:

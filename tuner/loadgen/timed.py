@@ -5,7 +5,8 @@ when it holds its slot), optionally fed by seeded Poisson arrivals at `request_r
 ends when every request ended, at `duration_s` (in-flight requests are cancelled and recorded
 as cut), when errors exceed the budget, or when the server went silent for the stall bound
 (`Bounds.stall_s`: "unresponsive"). Each request's own deadline is the window's end plus a
-grace, under the request timeout. The server's /metrics is sampled meanwhile.
+grace, under the request timeout. The server's /metrics is sampled meanwhile. `on_progress`,
+when given, hears a `LoadProgress` about once a second (the live display's bar and tok/s).
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, make_record, send_one
 from tuner.loadgen.monitor import LagMonitor, self_check
 from tuner.loadgen.options import LoadOptions
-from tuner.loadgen.result import LoadResult
-from tuner.metrics import RequestRecord, Samples, server_view
+from tuner.loadgen.result import LoadProgress, LoadResult
+from tuner.metrics import RequestRecord, Samples, server_view, total
 from tuner.workload import Request
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 #: how often the run looks for a silent server
 _WATCH_S = 0.25
+#: how often `on_progress` hears from a run
+PROGRESS_EVERY_S = 1.0
 
 
 def _chains(planned: Sequence[Request]) -> tuple[list[Request], dict[int, Request]]:
@@ -60,6 +63,7 @@ class TimedRun:
         options: LoadOptions,
         progress: Progress | None,
         bounds: Bounds | None = None,
+        on_progress: Callable[[LoadProgress], None] | None = None,
     ):
         self.client = client
         self.opt = options
@@ -82,9 +86,14 @@ class TimedRun:
         self.t0 = 0.0
         self.end = math.inf  # perf_counter() of the window's end
         self.silent_s = 0.0
+        self.on_progress = on_progress
+        self.tokens_done = 0  # output tokens of the requests that ended
+        self.last_sample: Samples | None = None  # the server's last /metrics scrape
+        self._told = -math.inf
 
     def _record(self, rec: RequestRecord, req: Request) -> None:
         self.records.append(rec)
+        self.tokens_done += rec.output_len
         self.outstanding -= 1
         if self.progress is not None and self.task_id is not None:
             self.progress.advance(self.task_id)
@@ -146,6 +155,7 @@ class TimedRun:
             s = await self.client.scrape()
             if s is not None:
                 during.append(s)
+                self.last_sample = s
 
     async def run(self) -> LoadResult:
         """Dispatch until a stop condition, then cut what is in flight and sum up."""
@@ -155,7 +165,7 @@ class TimedRun:
         lag = LagMonitor()
         lag.start()
         cpu0 = time.process_time()
-        self.t0 = time.perf_counter()
+        self.t0 = self._told = time.perf_counter()
         if opt.duration_s is not None:
             self.end = self.t0 + opt.duration_s
         if math.isinf(opt.request_rate):
@@ -189,6 +199,7 @@ class TimedRun:
         stall = self.bounds.stall_s
         while not self.finished.is_set():
             now = time.perf_counter()
+            self._tell(now)
             self.silent_s = self._silence(now)
             if now >= self.end:
                 quiet = self.silent_s >= self.bounds.quiet_s
@@ -200,6 +211,25 @@ class TimedRun:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.finished.wait(), timeout=wait)
         self.silent_s = self._silence(time.perf_counter())
+
+    def _tell(self, now: float) -> None:
+        """Hand `on_progress` the run so far, about once every PROGRESS_EVERY_S."""
+        if self.on_progress is None or now - self._told < PROGRESS_EVERY_S:
+            return
+        self._told = now
+        s = self.last_sample
+        in_flight = sum(st.tokens for _, st in self.inflight.values())
+        self.on_progress(
+            LoadProgress(
+                elapsed_s=now - self.t0,
+                window_s=self.opt.duration_s,
+                done=len(self.records),
+                planned=len(self.planned),
+                output_tokens=self.tokens_done + in_flight,
+                running=total(s, "sglang:num_running_reqs") if s else None,
+                queued=total(s, "sglang:num_queue_reqs") if s else None,
+            )
+        )
 
     def _silence(self, now: float) -> float:
         """Seconds the server has sent nothing while requests waited on it (0: none waits)."""

@@ -21,12 +21,8 @@ import sys
 from collections.abc import Sequence
 
 from tuner.errors import ModelConfigError, TunerError
-from tuner.sim.bootstrap import build_engine
 from tuner.sim.faults import Faults, next_launch_index
 from tuner.sim.flags import FlagError, parse_flags
-from tuner.sim.profile import load_profile
-from tuner.sim.realtime import SimServer
-from tuner.sim.startup import build_script
 
 EXIT_USAGE = 2
 
@@ -36,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         ns = parse_flags(args)
+        # after the parse: `--help` (which `tuner check` and `tuner tune` read) needs no server
+        from tuner.sim.bootstrap import build_engine
+        from tuner.sim.profile import load_profile
+        from tuner.sim.realtime import SimServer
+        from tuner.sim.startup import build_script
+
         profile = load_profile(ns.sim_profile)
         script = build_script(ns, profile)
         launch = next_launch_index(ns.sim_fault_state) if ns.sim_fault_state else 0

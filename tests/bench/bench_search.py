@@ -1,0 +1,637 @@
+"""Sample efficiency of the study loop, in virtual time (not CI).
+
+Run: `python tests/bench/bench_search.py` (every case, 10 seeds, up to 40 restarts; `--help`
+for fewer) or `pytest -m bench tests/bench/bench_search.py -s` (the demo, 3 seeds, 15 restarts).
+
+Each study runs the tuner's own loop (`api.tune` with `virtual_seams`: sampler, pre-check,
+reuse, probes, storage all real) until it has spent the restart budget. Its pick after N
+restarts is its best feasible measured trial among those before the (N+1)-th restart, scored
+again without noise (a fresh server, one load run, the study's own scoring), divided by the
+brute-force optimum: the best noise-free score over a grid of the whole space (every step of a
+stepped range, every choice, `Case.log_points` points per log range, then concurrency refined
+between the neighbours of every cell within 10% of the best; a study's pick that beats them all
+is the optimum then). Confirmation runs are off: the curves compare
+what each strategy's search found, not the re-runs after it.
+
+Strategies: `default` (the study file as configured: its sampler, baseline, concurrency probes),
+`tpe` (TPE, no baseline, no probes), `random`, `grid` (`sampler: grid`, log ranges on the log
+scale). Tables: median and worst best/optimum at each budget; restarts and load runs spent;
+wasted restarts (failed starts, deaths) and what the pre-check caught (and whether it ever
+rejected a feasible configuration); the run-to-run noise of one configuration at 6, 15, 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.helpers.*
+    sys.path.insert(0, str(REPO))
+
+from tuner.api import Events, study_requests, tune  # noqa: E402
+from tuner.config import StudyConfig  # noqa: E402
+from tuner.launch import build_launch  # noqa: E402
+from tuner.runner import score_load  # noqa: E402
+from tuner.sim.virtual_server import VirtualServer  # noqa: E402
+from tuner.sim.virtual_study import VirtualLoad, virtual_seams  # noqa: E402
+from tuner.space import active_params, canonical, client_params, distributions, server_flags  # noqa: E402
+from tuner.study import range_points  # noqa: E402
+from tuner.studyfile import parse_study  # noqa: E402
+from tuner.target import Launch  # noqa: E402
+from tuner.trial import Attr, Status, measured_outcome, objective_values  # noqa: E402
+
+pytestmark = pytest.mark.bench
+
+BUDGETS = (5, 10, 15, 20, 40)
+STRATEGIES = ("default", "tpe", "random", "grid")
+NOISE_DURATIONS = (6, 15, 30)
+SIM = ["{python}", "-m", "tuner.sim", "--sim-startup-seconds", "1", "--sim-profile"]
+#: SQLite's fsync per commit dominates a virtual study on a disk; tmpfs when there is one
+TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class BudgetSpent(Exception):
+    """The study spent its restart budget (raised from the per-trial hook to end `tune`)."""
+
+
+# --- the cases ------------------------------------------------------------------------------
+
+
+def _shipped(name: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO / "search_spaces" / name).read_text())
+
+
+def demo() -> dict[str, Any]:
+    """search_spaces/demo-sim.yaml as shipped: Llama-3.1-8B on one H100, mfs x concurrency."""
+    return _shipped("demo-sim.yaml")
+
+
+def tight() -> dict[str, Any]:
+    """Llama-3.1-8B on one 32 GB GPU: a ~100k-token pool, the cliff a few points above the default."""
+    d = demo()
+    d["study"] = "tight-32gb"
+    d["description"] = "Llama-3.1-8B on a simulated 32 GB GPU; mfs x client concurrency"
+    d["target"]["launch"] = [*SIM, "llama-3.1-8b-32gb"]
+    d["space"] = {
+        "mem-fraction-static": {"low": 0.70, "high": 0.96, "step": 0.01},
+        "concurrency": {"low": 4, "high": 256, "log": True},
+    }
+    d["baseline"] = {"mem-fraction-static": 0.88, "concurrency": 32}  # SGLang's 0.885, on the grid
+    # long answers: the running batch, not the prefill, fills the ~100k-token pool
+    d["workload"].update(output_len=1024, duration_s=30)
+    d["objective"]["slo"]["p99_ttft_ms"] = 8000
+    d["hardware"] = {"model_config": "llama-3.1-8b", "gpu_mem_mib": 32607, "host_ram_gb": 128}
+    return d
+
+
+def kimi() -> dict[str, Any]:
+    """search_spaces/kimi-k2.5-tp8.yaml on the simulator: mfs x hicache-size x concurrency."""
+    d = _shipped("kimi-k2.5-tp8.yaml")
+    d["study"] = "kimi-virtual"
+    d["target"] = {"host": "local", "launch": [*SIM, "kimi-k2.5-tp8"], "port": 30000}
+    space = d["space"]
+    d["space"] = {k: space[k] for k in ("mem-fraction-static", "hicache-size", "concurrency")}
+    d["baseline"] = {k: v for k, v in d["baseline"].items() if k in d["space"]}
+    return d
+
+
+def seventy() -> dict[str, Any]:
+    """Llama-3.1-70B TP4 on 4 x H100, multi-turn chat: mfs x chunked-prefill-size x concurrency.
+    No test uses its profile (tuner/sim/profiles/llama-3.1-70b-h100-tp4.yaml)."""
+    return {
+        "study": "llama70b-tp4-chat",
+        "target": {"host": "local", "launch": [*SIM, "llama-3.1-70b-h100-tp4"], "port": 30000},
+        "server": {
+            "model-path": "meta-llama/Llama-3.1-70B-Instruct",
+            "tensor-parallel-size": 4,
+            "enable-metrics": True,
+        },
+        "space": {
+            "mem-fraction-static": {"low": 0.80, "high": 0.95, "step": 0.01},
+            "chunked-prefill-size": {"choices": [2048, 4096, 8192, 16384]},
+            "concurrency": {"low": 8, "high": 512, "log": True},
+        },
+        "baseline": {"mem-fraction-static": 0.82, "chunked-prefill-size": 8192, "concurrency": 64},
+        "workload": {
+            "kind": "multi-turn",
+            "input_len": 1024,
+            "question_len": 128,
+            "output_len": 256,
+            "range_ratio": 0.5,
+            "turns": 4,
+            "duration_s": 30,
+            "warmup_requests": 2,
+            "flush_cache": True,
+        },
+        "objective": {
+            "metric": "window_output_throughput",
+            "slo": {"p99_ttft_ms": 5000, "p99_tpot_ms": 50, "max_error_rate": 0.01},
+        },
+        "budget": {"n_trials": 40, "trial_timeout": "10m", "confirm_top": 2, "confirm_repeats": 1},
+        "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 8},
+        "hardware": {"model_config": "llama-3.1-70b", "gpu_mem_mib": 81559, "host_ram_gb": 1024},
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    title: str
+    build: Any  # () -> the study file as a mapping
+    log_points: int  # brute force: points per log range
+    refine: int = 8  # brute force: concurrency points between the best cells' neighbours
+    near: float = 0.9  # brute force: refine every server cell within this share of the best
+
+
+CASES = {
+    "demo": Case("demo: Llama-8B, H100", demo, 24),
+    "tight": Case("Llama-8B, 32 GB GPU", tight, 24),
+    "kimi": Case("Kimi-K2.5 TP8 shared prefix (mfs x hicache x conc)", kimi, 12),
+    "seventy": Case("Llama-70B TP4 chat (mfs x chunk x conc)", seventy, 14),
+}
+
+
+def strategy_data(case: str, strategy: str) -> dict[str, Any]:
+    """The case's study file as this strategy runs it (confirmation off: see the docstring)."""
+    d = copy.deepcopy(CASES[case].build())
+    d["study"] = f"{d['study']}-{strategy}"
+    d.setdefault("budget", {})["confirm_top"] = 0
+    d["budget"]["n_trials"] = 1000  # the restart budget ends the study
+    d["budget"]["max_consecutive_infra_failures"] = 10
+    if strategy != "default":
+        d.pop("baseline", None)
+        d["budget"]["concurrency_probes"] = 0
+        sampler = d.setdefault("sampler", {})
+        sampler["name"] = strategy
+    return d
+
+
+@functools.cache
+def study_cfg(case: str, strategy: str = "default") -> StudyConfig:
+    return parse_study(strategy_data(case, strategy), f"{case}-{strategy}.yaml")
+
+
+@functools.cache
+def requests_of(case: str) -> list:
+    return study_requests(study_cfg(case))
+
+
+# --- one study ------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One trial of a study, as the curves need it."""
+
+    number: int
+    params: dict[str, Any]
+    value: float | None
+    feasible: bool
+    launched: bool
+    status: str
+    duplicate: bool
+
+
+@dataclass
+class StudyRun:
+    case: str
+    strategy: str
+    seed: int
+    rows: list[Row]
+    wall_s: float
+
+
+def run_study(case: str, strategy: str, seed: int, budget: int) -> StudyRun:
+    """One seeded study through `api.tune` in virtual time, ended after `budget` restarts."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    cfg = study_cfg(case, strategy)
+    spent = [0]
+
+    def on_trial(t: Any) -> None:
+        spent[0] += bool(t.user_attrs.get(Attr.LAUNCHED))
+        if spent[0] >= budget:
+            raise BudgetSpent
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-search-", dir=TMP) as tmp:
+        with contextlib.suppress(BudgetSpent):
+            tune(
+                cfg,
+                runs_dir=Path(tmp),
+                seed=seed,
+                n_trials=4 * budget,
+                events=Events(on_trial=on_trial),
+                make_seams=virtual_seams(seed, requests=requests_of(case)),
+            )
+        url = f"sqlite:///{tmp}/{cfg.study}/study.db"
+        study = optuna.load_study(study_name=cfg.study, storage=url)
+        rows = [_row(t) for t in study.get_trials(deepcopy=False)]
+    return StudyRun(case, strategy, seed, rows, time.perf_counter() - t0)
+
+
+def _row(t: Any) -> Row:
+    from optuna.trial import TrialState
+
+    from tuner.trial import is_feasible
+
+    a = t.user_attrs
+    done = t.state == TrialState.COMPLETE and t.values is not None
+    return Row(
+        t.number,
+        dict(t.params),
+        t.values[0] if done else None,
+        done and is_feasible(t.constraints),
+        bool(a.get(Attr.LAUNCHED)),
+        str(a.get(Attr.STATUS, t.state.name.lower())),
+        Attr.DUPLICATE_OF in a,
+    )
+
+
+def upto(rows: Sequence[Row], restarts: int) -> list[Row]:
+    """The trials a study ran before its (restarts + 1)-th restart."""
+    out, n = [], 0
+    for r in rows:
+        if r.launched:
+            if n == restarts:
+                break
+            n += 1
+        out.append(r)
+    return out
+
+
+def pick(rows: Sequence[Row]) -> dict[str, Any] | None:
+    """What the study would export then: its best feasible measured trial (no confirmation)."""
+    best = [r for r in rows if r.feasible and not r.duplicate and r.value is not None]
+    return max(best, key=lambda r: r.value or 0.0).params if best else None
+
+
+LOADS = {Status.OK, Status.SLO_MISSED, Status.DIED, Status.FLAGGED}
+
+
+def load_runs(rows: Sequence[Row]) -> int:
+    return sum(1 for r in rows if r.status in LOADS and not r.duplicate)
+
+
+# --- ground truth ---------------------------------------------------------------------------
+
+
+def truth_many(case: str, configs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Noise-free scores of configurations (0: could not start, died, or missed an SLO)."""
+    return {canonical(p): truth(case, p) for p in configs}
+
+
+def truth(
+    case: str,
+    params: dict[str, Any],
+    duration_s: float | None = None,
+    seed: int = 0,
+    noise: bool = False,
+    raw: bool = False,
+) -> float:
+    """One configuration scored as a trial scores it: a fresh server, one load run (`raw`: the
+    measured figure even when an SLO was missed)."""
+    cfg = study_cfg(case)
+    if duration_s is not None:
+        cfg = cfg.model_copy(
+            update={"workload": cfg.workload.model_copy(update={"duration_s": duration_s})}
+        )
+    server = VirtualServer(seed, noise=noise)
+    spec = build_launch(
+        Launch.of(cfg.target).template, {**cfg.server, **server_flags(params)}, cfg.target.port
+    )
+    if not server.restart(spec, "").ok:
+        return 0.0
+    result = VirtualLoad(server, cfg, requests_of(case))("virtual", client_params(params))
+    if server.check() is not None:
+        return 0.0
+    metrics = score_load(result, cfg.objective.slo)
+    if raw:
+        return objective_values(cfg.objective, metrics)[0]
+    out = measured_outcome(cfg.objective, metrics, client_lagged=False)
+    return out.values[0] if out.feasible else 0.0
+
+
+def server_grid(case: str) -> list[dict[str, Any]]:
+    """Every server-side cell of the brute-force grid (client params left out)."""
+    cfg, c = study_cfg(case), CASES[case]
+    axes: dict[str, list[Any]] = {}
+    for name, dist in distributions(cfg.space).items():
+        if name == "concurrency":
+            continue
+        choices = getattr(dist, "choices", None)
+        if choices is not None:
+            axes[name] = list(choices)
+        elif getattr(dist, "step", None) and not dist.log:
+            n = round((dist.high - dist.low) / dist.step)
+            axes[name] = [type(dist.low)(round(dist.low + i * dist.step, 10)) for i in range(n + 1)]
+        else:
+            axes[name] = range_points(dist.low, dist.high, c.log_points, log=dist.log)
+    cells: list[dict[str, Any]] = [{}]
+    for name, values in axes.items():
+        cells = [{**cell, name: v} for cell in cells for v in values]
+    seen, out = set(), []
+    for cell in cells:
+        cell = active_params(cell, cfg.space)
+        key = canonical(server_flags(cell))
+        if key not in seen:
+            seen.add(key)
+            out.append(cell)
+    return out
+
+
+def scan(case: str, cell: dict[str, Any]) -> dict[str, float]:
+    """One server cell over the concurrency grid, ascending; stops two zeros after a feasible
+    point (queueing only grows with concurrency) or at once when the server cannot start."""
+    cfg, c = study_cfg(case), CASES[case]
+    spec = cfg.space["concurrency"]
+    out: dict[str, float] = {}
+    seen_ok, zeros = False, 0
+    for conc in range_points(spec.low, spec.high, c.log_points, log=spec.log, integer=True):
+        params = {**cell, "concurrency": conc}
+        value = truth(case, params)
+        out[canonical(params)] = value
+        if value <= 0 and not _starts(case, cell):
+            break
+        zeros = 0 if value > 0 else zeros + 1
+        seen_ok = seen_ok or value > 0
+        if seen_ok and zeros >= 2:
+            break
+    return out
+
+
+@functools.cache
+def _starts_cached(case: str, key: str) -> bool:
+    cfg = study_cfg(case)
+    flags = {**cfg.server, **server_flags(json.loads(key))}
+    spec = build_launch(Launch.of(cfg.target).template, flags, cfg.target.port)
+    return VirtualServer(0, noise=False).restart(spec, "").ok
+
+
+def _starts(case: str, cell: dict[str, Any]) -> bool:
+    return _starts_cached(case, canonical(cell))
+
+
+def refine(case: str, scores: dict[str, float]) -> list[dict[str, Any]]:
+    """Concurrency points between the neighbours of the best concurrency of every server cell
+    that came within `Case.near` of the best (flat directions, such as an mfs that does not
+    bind, leave many such cells)."""
+    cfg, c = study_cfg(case), CASES[case]
+    spec = cfg.space["concurrency"]
+    ladder = range_points(spec.low, spec.high, c.log_points, log=spec.log, integer=True)
+    best: dict[str, tuple[float, dict[str, Any]]] = {}
+    for key, value in scores.items():
+        params = json.loads(key)
+        if "concurrency" not in params or value <= 0:
+            continue
+        server = canonical({k: v for k, v in params.items() if k != "concurrency"})
+        if server not in best or value > best[server][0]:
+            best[server] = (value, params)
+    top = max((v for v, _ in best.values()), default=0.0)
+    out = []
+    for _, params in (x for x in best.values() if x[0] >= c.near * top):
+        i = ladder.index(params["concurrency"]) if params["concurrency"] in ladder else 0
+        lo, hi = ladder[max(i - 1, 0)], ladder[min(i + 1, len(ladder) - 1)]
+        for conc in range_points(lo, hi, c.refine, log=True, integer=True):
+            out.append({**params, "concurrency": conc})
+    return out
+
+
+# --- the tables -----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    case: str
+    optimum: float
+    optimum_params: dict[str, Any]
+    grid_cells: int
+    runs: list[StudyRun] = field(default_factory=list)
+    truths: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self, params: dict[str, Any] | None) -> float:
+        if params is None or self.optimum <= 0:
+            return 0.0
+        return self.truths.get(canonical(params), 0.0) / self.optimum
+
+
+def _med_worst(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.3f}/{min(values):.3f}"
+
+
+def tables(rep: Report, budgets: Sequence[int]) -> str:
+    """The case's tables as text."""
+    lines = [
+        f"\n== {CASES[rep.case].title}: optimum {rep.optimum:,.0f} at {rep.optimum_params} "
+        f"({rep.grid_cells} configurations scored)",
+        "best/optimum, median/worst of seeds, after N restarts:",
+        f"{'strategy':10s}" + "".join(f"{n:>14d}" for n in budgets),
+    ]
+    by = {s: [r for r in rep.runs if r.strategy == s] for s in STRATEGIES}
+    for s, runs in by.items():
+        if not runs:
+            continue
+        cells = [_med_worst([rep.ratio(pick(upto(r.rows, n))) for r in runs]) for n in budgets]
+        lines.append(f"{s:10s}" + "".join(f"{c:>14s}" for c in cells))
+    lines.append(
+        "spent (median over seeds): restarts / load runs / trials at each budget; wall s per study"
+    )
+    for s, runs in by.items():
+        if not runs:
+            continue
+        cells = []
+        for n in budgets:
+            rows = [upto(r.rows, n) for r in runs]
+            rs = statistics.median(sum(x.launched for x in rr) for rr in rows)
+            ls = statistics.median(load_runs(rr) for rr in rows)
+            ts = statistics.median(len(rr) for rr in rows)
+            cells.append(f"{rs:.0f}/{ls:.0f}/{ts:.0f}")
+        wall = statistics.median(r.wall_s for r in runs)
+        lines.append(f"{s:10s}" + "".join(f"{c:>14s}" for c in cells) + f"   {wall:6.1f} s")
+    lines.append(
+        "wasted, whole budget (median/worst): failed starts | died under load | rejected before "
+        "launch | feasible configs rejected (total)"
+    )
+    for s, runs in by.items():
+        if not runs:
+            continue
+
+        def count(status: str, runs: list[StudyRun] = runs) -> str:
+            xs = [sum(1 for x in r.rows if x.status == status and not x.duplicate) for r in runs]
+            return f"{statistics.median(xs):.0f}/{max(xs)}"
+
+        wrong = sum(
+            1
+            for r in runs
+            for x in r.rows
+            if x.status == Status.REJECTED and rep.truths.get(canonical(x.params), 0.0) > 0
+        )
+        lines.append(
+            f"{s:10s}{count(Status.START_FAILED):>10s}{count(Status.DIED):>10s}"
+            f"{count(Status.REJECTED):>10s}{wrong:>10d}"
+        )
+    return "\n".join(lines)
+
+
+def noise_table(case: str, params: dict[str, Any], seeds: int, http: int) -> str:
+    """One configuration at several windows: spread of the study's score over fresh starts."""
+    lines = [
+        f"\n== run-to-run noise of {params} ({case}), {seeds} fresh virtual starts per window"
+        + (f", {http} HTTP" if http else ""),
+        f"{'window':>8s}{'mean':>10s}{'sd %':>8s}{'range %':>9s}"
+        + ("  http: mean, sd %, range %" if http else ""),
+    ]
+    for d in NOISE_DURATIONS:
+        xs = [truth(case, params, duration_s=d, seed=s, noise=True, raw=True) for s in range(seeds)]
+        row = f"{d:>6d} s{_spread(xs)}"
+        if http:
+            row += "  " + _spread(http_runs(case, params, d, http))
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _spread(xs: Sequence[float]) -> str:
+    mean = statistics.mean(xs)
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    rng = (max(xs) - min(xs)) / mean if mean else 0.0
+    return f"{mean:>10,.0f}{100 * sd / mean if mean else 0:>8.1f}{100 * rng:>9.1f}"
+
+
+def http_runs(case: str, params: dict[str, Any], duration_s: float, n: int) -> list[float]:
+    """The same configuration on the HTTP simulator (real time): n fresh servers, one run each."""
+    from tests.helpers.simproc import sim_server
+    from tuner.launch import flag_args
+    from tuner.loadgen import load_options, run_load_sync
+    from tuner.sim.virtual_server import sim_args
+
+    cfg = study_cfg(case)
+    w = cfg.workload.model_copy(update={"duration_s": duration_s})
+    out = []
+    for _ in range(n):
+        flags = flag_args({**cfg.server, **server_flags(params)})
+        with sim_server(*(sim_args(cfg.target.launch) or []), *flags) as sim:
+            opt = load_options(w, concurrency=int(params.get("concurrency", 1)))
+            res = run_load_sync(sim.url, requests_of(case), opt)
+        out.append(objective_values(cfg.objective, score_load(res, cfg.objective.slo))[0])
+    return out
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+
+def _study_task(args: tuple[str, str, int, int]) -> StudyRun:
+    return run_study(*args)
+
+
+def _scan_task(args: tuple[str, dict[str, Any]]) -> dict[str, float]:
+    return scan(*args)
+
+
+def _truth_task(args: tuple[str, list[dict[str, Any]]]) -> dict[str, float]:
+    return truth_many(*args)
+
+
+def bench(
+    cases: Sequence[str],
+    strategies: Sequence[str],
+    seeds: int,
+    budgets: Sequence[int],
+    jobs: int,
+    noise_seeds: int,
+    http: int,
+    out=print,
+) -> list[Report]:
+    """Brute force, the studies, then the tables, per case."""
+    reports = []
+    with ProcessPoolExecutor(jobs) as pool:
+        for case in cases:
+            t0 = time.perf_counter()
+            cells = server_grid(case)
+            scores: dict[str, float] = {}
+            for part in pool.map(_scan_task, [(case, c) for c in cells]):
+                scores.update(part)
+            for part in pool.map(_truth_task, _chunks(case, refine(case, scores), jobs)):
+                scores.update(part)
+            key = max(scores, key=lambda k: scores[k])
+            rep = Report(case, scores[key], json.loads(key), len(scores), truths=scores)
+            out(
+                f"[{case}] brute force: {len(scores)} configurations in {time.perf_counter() - t0:.0f} s"
+            )
+            tasks = [(case, s, seed, max(budgets)) for s in strategies for seed in range(seeds)]
+            t0 = time.perf_counter()
+            rep.runs = list(pool.map(_study_task, tasks))
+            out(f"[{case}] {len(tasks)} studies in {time.perf_counter() - t0:.0f} s")
+            todo = {
+                canonical(p): p
+                for r in rep.runs
+                for p in [
+                    *(pick(upto(r.rows, n)) for n in budgets),
+                    *(x.params for x in r.rows if x.status == Status.REJECTED),
+                ]
+                if p is not None and canonical(p) not in rep.truths
+            }
+            for part in pool.map(_truth_task, _chunks(case, list(todo.values()), jobs)):
+                rep.truths.update(part)
+            # a study may pick a configuration between the grid's points that beats them all:
+            # the optimum is the best configuration anything scored
+            key = max(rep.truths, key=lambda k: rep.truths[k])
+            if rep.truths[key] > rep.optimum:
+                out(f"[{case}] a study's pick beat the grid's best {rep.optimum:,.0f}")
+                rep.optimum, rep.optimum_params = rep.truths[key], json.loads(key)
+            out(tables(rep, budgets))
+            if noise_seeds:
+                out(noise_table(case, rep.optimum_params, noise_seeds, http))
+            reports.append(rep)
+    return reports
+
+
+def _chunks(case: str, configs: list[dict[str, Any]], jobs: int) -> list[tuple[str, list]]:
+    n = max(1, math.ceil(len(configs) / (4 * jobs)))
+    return [(case, configs[i : i + n]) for i in range(0, len(configs), n)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--budget", type=int, default=max(BUDGETS), help="restarts per study")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--noise-seeds", type=int, default=10, help="0: no noise table")
+    p.add_argument("--http", type=int, default=0, help="HTTP simulator runs per noise window")
+    a = p.parse_args(argv)
+    budgets = [n for n in BUDGETS if n <= a.budget]
+    bench(
+        a.cases.split(","), a.strategies.split(","), a.seeds, budgets, a.jobs, a.noise_seeds, a.http
+    )
+
+
+def test_bench_search() -> None:
+    """The demo, 3 seeds, 15 restarts: every strategy finds a feasible configuration."""
+    (rep,) = bench(["demo"], STRATEGIES, 3, (5, 10, 15), 2, 3, 0)
+    for run in rep.runs:
+        assert 0 < rep.ratio(pick(upto(run.rows, 15))) <= 1.1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Which checks run, in which order, on what each depends; the whole run, and the cheap part
+`tuner tune` runs before its first trial.
+
+A check whose prerequisite FAILed (or was skipped for that reason) is not run: its line says
+which one. A check that raises a TunerError or InfraError (a dropped connection, a probe past
+its deadline) is a FAIL line, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.check import connect, httppath, machine, reading, sglang
+from tuner.check.lines import FAIL, CheckLine, fail, skip
+from tuner.check.probe import Deadlines, Probe
+from tuner.config import StudyConfig
+from tuner.errors import InfraError, SetupError, TunerError
+from tuner.target import Launch
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its key (what others name in `needs`), its line's name, its function."""
+
+    key: str
+    label: str
+    run: Callable[[Probe], CheckLine]
+    needs: tuple[str, ...] = ()
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("ssh", "ssh", connect.connection),
+    Check("shell", "shell", connect.shell, ("ssh",)),
+    Check("round trip", "round trip", connect.round_trip, ("shell",)),
+    Check("workdir", "workdir", connect.workdir, ("shell",)),
+    Check("sglang", "sglang", sglang.version, ("workdir",)),
+    Check("flags", "flags", sglang.flags, ("workdir",)),
+    Check("gpus", "gpus", machine.gpus, ("shell",)),
+    Check("gpu processes", "gpu processes", machine.gpu_processes, ("gpus",)),
+    Check("host ram", "host ram", machine.host_ram, ("shell",)),
+    Check("capacity", "capacity", lambda p: reading.capacity(p.cfg)),
+    Check("model path", "model path", machine.model, ("workdir",)),
+    Check("port", "port", machine.port, ("shell",)),
+    Check("http path", "http path", httppath.http_path, ("port",)),
+)
+#: what `tuner tune` checks before its first trial: cheap, and each a certain night-killer
+NIGHT = ("ssh", "shell", "workdir", "flags")
+
+
+def run_checks(
+    path: str | Path, deadlines: Deadlines | None = None, keys: Collection[str] | None = None
+) -> list[CheckLine]:
+    """Every check of the study file at `path` (or those of `keys`), one line each, in order."""
+    checks = CHECKS if keys is None else tuple(c for c in CHECKS if c.key in keys)
+    line, cfg = connect.study_file(path)
+    if cfg is None:
+        return [line, *(skip(c.label, f"skipped: {line.name} FAILed") for c in checks)]
+    probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines())
+    try:
+        return [line, *_run(checks, probe)]
+    finally:
+        if probe.host is not None:
+            probe.host.close()
+
+
+def _run(checks: tuple[Check, ...], probe: Probe, *, stop_at_fail: bool = False) -> list[CheckLine]:
+    lines: list[CheckLine] = []
+    bad: dict[str, str] = {}  # key -> the name of the line that FAILed first in its chain
+    for check in checks:
+        blocked = next((bad[k] for k in check.needs if k in bad), None)
+        if blocked is not None:
+            bad[check.key] = blocked
+            lines.append(skip(check.label, f"skipped: {blocked} FAILed"))
+            continue
+        line = _one(check, probe)
+        lines.append(line)
+        if line.status == FAIL:
+            bad[check.key] = line.name
+            if stop_at_fail:
+                break
+    return lines
+
+
+def _one(check: Check, probe: Probe) -> CheckLine:
+    try:
+        return check.run(probe)
+    except (TunerError, InfraError) as exc:
+        return fail(check.label, f"{probe.where}: {exc}", type(exc))
+
+
+def before_night(cfg: StudyConfig, deadlines: Deadlines | None = None) -> None:
+    """The cheap checks (SSH, the remote shell, the workdir, the flags against the host's own
+    SGLang), before anything is created: the first FAIL is raised as its one-line error
+    (exit 2 for the user's mistakes, 1 for an unreachable host, as the CLI maps them)."""
+    probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines())
+    try:
+        lines = _run(tuple(c for c in CHECKS if c.key in NIGHT), probe, stop_at_fail=True)
+    finally:
+        if probe.host is not None:
+            probe.host.close()
+    failed = next((line for line in lines if line.failed), None)
+    if failed is not None:
+        error = failed.error or SetupError
+        raise error(
+            f"before the first trial: {failed.name}: {failed.detail} "
+            f"(`tuner check {cfg.source}` runs every check)"
+        )

@@ -1,0 +1,74 @@
+"""The capacity reading of the study's own space: `tuner capacity`'s analysis (no second
+formula) at each end of the mfs range and for each HiCache size the space can ask, from the
+study's `hardware:` facts. Pure but for reading the model config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.capacity_analysis import CapacityInputs, analyze
+from tuner.check.lines import CheckLine, fail, ok, skip, warn
+from tuner.check.spacefacts import largest, values_of
+from tuner.config import StudyConfig
+from tuner.errors import ConfigError, TunerError
+from tuner.modelcfg import load_model_config
+from tuner.sglang.defaults import default_mem_fraction_static
+from tuner.sglang.flags import normalize_flags
+
+
+def capacity_inputs(cfg: StudyConfig, model_config: dict[str, Any]) -> CapacityInputs:
+    """`tuner capacity`'s inputs for this study: its TP/DP, KV dtype, page size, the ends of
+    its mfs range (SGLang's default when not searched) and its non-zero HiCache sizes."""
+    hw = cfg.hardware
+    assert hw.gpu_mem_mib is not None
+    tp = int(largest(cfg, "tensor-parallel-size", 1))
+    dp = int(largest(cfg, "data-parallel-size", 1))
+    kv = str(normalize_flags(cfg.server).get("kv-cache-dtype", "auto"))
+    _, mfs = values_of(cfg, "mem-fraction-static")
+    _, sizes = values_of(cfg, "hicache-size")
+    return CapacityInputs(
+        model_config=model_config,
+        tp=tp,
+        dp=dp,
+        kv_dtype={"bfloat16": "bf16"}.get(kv, kv),
+        page_size=int(largest(cfg, "page-size", 1)),
+        gpu_mem_mib=hw.gpu_mem_mib,
+        weights_gib=hw.weights_gib,
+        mfs=tuple(mfs) or (default_mem_fraction_static(hw.gpu_mem_mib, tp),),
+        hicache_sizes_gb=tuple(int(s) for s in sizes if s > 0),
+        host_ram_gb=hw.host_ram_gb,
+    )
+
+
+def capacity(cfg: StudyConfig) -> CheckLine:
+    """Bytes per token, the pool at each end of the mfs range, HiCache per size; a warning
+    for an end the pre-check will reject (no pool, no headroom, HiCache that cannot start)."""
+    hw = cfg.hardware
+    if not hw.model_config_path or not hw.gpu_mem_mib:
+        return skip("capacity", "no hardware facts (hardware.model_config and gpu_mem_mib)")
+    try:
+        report = analyze(capacity_inputs(cfg, load_model_config(hw.model_config_path)))
+    except TunerError as exc:
+        return fail("capacity", f"{cfg.source}: hardware.model_config: {exc}", ConfigError)
+    parts = [f"{report['bytes_per_token']:,} B/token/rank (TP {report['tp']})"]
+    warnings = []
+    if report["projection"]:
+        pools = ", ".join(
+            f"mfs {r['mfs']:g}: {r['max_total_num_tokens']:,} tokens" for r in report["projection"]
+        )
+        parts.append(pools)
+        warnings += [
+            f"mfs {r['mfs']:g}: {r['warning']}" for r in report["projection"] if "warning" in r
+        ]
+    else:
+        parts.append("pool per mfs needs hardware.weights_gib")
+    for h in report["hicache"]:
+        size = f"hicache-size {h['hicache_size_gb_per_rank']:g}"
+        if h["feasible"]:
+            parts.append(f"{size}: {h['host_total_gb']:,.0f} GB host RAM")
+        else:
+            warnings.append(f"{size}: {h['reason']}")
+    text = "; ".join(parts)
+    if warnings:
+        return warn("capacity", f"{text}; the pre-check rejects: " + "; ".join(warnings))
+    return ok("capacity", text)

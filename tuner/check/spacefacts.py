@@ -1,0 +1,53 @@
+"""What the study asks of the host at the far end of its space: the largest TP, DP, PP and
+HiCache size any trial may use, the mfs range, the model path. Pure.
+
+A flag may be fixed under `server:` or searched under `space:` (by any of SGLang's names for
+it); the largest value a trial can get is what the host must hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.config import StudyConfig
+from tuner.sglang.flags import canonical_flag
+
+
+def _numbers(values: list[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
+def values_of(cfg: StudyConfig, flag: str) -> tuple[str | None, list[float]]:
+    """(where the study sets `flag`, the values a trial can get: a fixed value, or the ends
+    of a range, or the choices); (None, []) when the study leaves it to SGLang."""
+    for name, value in cfg.server.items():
+        if canonical_flag(name) == flag:
+            return f"server.{name}", _numbers(value if isinstance(value, list) else [value])
+    for name, spec in cfg.space.items():
+        if canonical_flag(name) == flag:
+            if spec.choices is not None:
+                return f"space.{name}", _numbers(list(spec.choices))
+            return f"space.{name}", _numbers([spec.low, spec.high])
+    return None, []
+
+
+def largest(cfg: StudyConfig, flag: str, default: float) -> float:
+    """The largest value of `flag` any trial can get (`default`: SGLang's, when unset)."""
+    return max(values_of(cfg, flag)[1], default=default)
+
+
+def ranks(cfg: StudyConfig) -> tuple[int, int, int]:
+    """The largest (TP, DP, PP) a trial can ask for."""
+    return (
+        int(largest(cfg, "tensor-parallel-size", 1)),
+        int(largest(cfg, "data-parallel-size", 1)),
+        int(largest(cfg, "pipeline-parallel-size", 1)),
+    )
+
+
+def model_path(cfg: StudyConfig) -> str | None:
+    """`server.model-path` (or its alias), as given."""
+    for name, value in cfg.server.items():
+        if canonical_flag(name) == "model-path" and isinstance(value, str):
+            return value
+    return None
