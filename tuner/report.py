@@ -11,16 +11,7 @@ from rich.table import Table
 from tuner.config import StudyConfig
 from tuner.results import best_trial
 from tuner.trial import Attr, is_feasible
-
-_SHORT = {
-    "mem-fraction-static": "mfs",
-    "hicache-size": "hicache",
-    "concurrency": "conc",
-    "schedule-conservativeness": "conserv",
-    "chunked-prefill-size": "chunk",
-    "cuda-graph-max-bs": "graph-bs",
-    "hicache-write-policy": "policy",
-}
+from tuner.trialrows import SHORT as _SHORT
 
 
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:

@@ -22,20 +22,10 @@ from rich.text import Text
 from tuner.config import StudyConfig
 from tuner.results import best_trial
 from tuner.space import tidy_params
-from tuner.trial import POOL_ATTR, Attr, Status, is_feasible, score_of
+from tuner.trial import METRIC_ATTRS, POOL_ATTR, Attr, Status, is_feasible, score_of
 
-#: the run's figures a row carries (None unless the trial was measured)
-FIGURES = (
-    "window_output_throughput",
-    "output_throughput",
-    "request_throughput",
-    "goodput",
-    "p99_ttft_ms",
-    "p99_tpot_ms",
-    "p99_itl_ms",
-    "p99_e2e_latency_ms",
-    "error_rate",
-)
+#: the run's figures a row carries (None unless the trial was measured): the trial record's own
+FIGURES = METRIC_ATTRS
 #: short names of common flags in the narrow table (`--wide` and JSON keep the full ones)
 SHORT = {
     "mem-fraction-static": "mfs",
