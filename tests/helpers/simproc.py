@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tests.helpers.net import free_port
+from tests.helpers.orphans import DIE_WITH_PARENT
 
 #: default start-up time for tests: long enough to see /health 503, short enough to be cheap
 FAST_STARTUP = "0.3"
@@ -71,7 +72,7 @@ class SimProc:
         log_path = Path(tmpdir.name) / "sim.log"
         with open(log_path, "wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "tuner.sim", *args],
+                [*DIE_WITH_PARENT, sys.executable, "-m", "tuner.sim", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

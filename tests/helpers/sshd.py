@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from tests.helpers.net import free_port
+from tests.helpers.orphans import DIE_WITH_PARENT
 from tuner.hosts import LocalHost, SSHHost, SSHOptions
 
 SSHD = "/usr/sbin/sshd"
@@ -152,7 +153,7 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         log = d / "sshd.log"
         with log.open("wb") as out:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
+                [*DIE_WITH_PARENT, SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -59,6 +59,11 @@ def test_run_deadline_raises_and_ends_the_command(any_host: Host, tmp_path: Path
     with pytest.raises(CommandTimeout, match="deadline"):
         any_host.run_shell(f"echo $$ > {pidfile}; exec sleep 30", timeout=1.0)
     assert time.monotonic() - t0 < 10
+    # on a loaded machine the shell may start after our deadline passed: it must still be ended
+    end = time.monotonic() + 10
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < end, "the command never started"
+        time.sleep(0.1)
     pid = int(pidfile.read_text())
     end = time.monotonic() + 10  # the remote `timeout` ends it 2 s after our deadline
     while os.path.exists(f"/proc/{pid}") and "sleep" in Path(f"/proc/{pid}/cmdline").read_text():
