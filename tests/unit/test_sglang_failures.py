@@ -64,9 +64,22 @@ def test_the_package_is_knowledge_not_io() -> None:
     allowed_ours = {"tuner.errors"}
     io_stdlib = {"os", "subprocess", "socket", "urllib", "http", "asyncio", "shutil", "pathlib"}
     for path in sorted(PACKAGE.glob("*.py")):
+        if path.name == "extract.py":  # a developer tool reading SGLang's source; see below
+            continue
         for name in _imports(path):
             top = name.split(".")[0]
             if top == "tuner":
                 assert name in allowed_ours or name.startswith("tuner.sglang"), (path, name)
             else:
                 assert top in sys.stdlib_module_names and top not in io_stdlib, (path, name)
+
+
+def test_the_extractor_is_a_tool_nothing_imports() -> None:
+    """tuner.sglang.extract reads files (SGLang's source) when a developer regenerates the
+    tables; the product reads the JSON it wrote, never the extractor."""
+    importers = [
+        p
+        for p in sorted(PACKAGE.parent.rglob("*.py"))
+        if p.name != "extract.py" and "tuner.sglang.extract" in _imports(p)
+    ]
+    assert importers == []

@@ -122,7 +122,7 @@ def test_normalize_flags_uses_canonical_names_in_order() -> None:
         ("tensor-parallel-size", 2),
         ("model-path", "m"),
         ("mem-fraction-static", 0.8),
-        ("enable-lora", True),  # not in the tables: kept as given, SGLang judges it
+        ("enable-lora", True),  # already canonical
     ]
 
 
@@ -150,7 +150,11 @@ def test_the_new_version_drops_and_adds_flags() -> None:
         assert canonical_flag(name, NEW) is None
     for name in ADDED_IN_NEW:
         assert name in new and name not in old
-    assert set(new) == (set(old) - set(GONE_IN_NEW)) | set(ADDED_IN_NEW)
+    # every option string one version has and the other lacks says what became of it
+    old_opts = {o for f in old.values() for o in f.registered}
+    new_opts = {o for f in new.values() for o in f.registered}
+    assert len(old_opts ^ new_opts) > 250
+    assert all(version_hint(o) for o in old_opts ^ new_opts)
     assert new["cuda-graph-bs-decode"].nargs == "+" and new["cuda-graph-bs-decode"].type is int
     assert new["hicache-size"].type is int and new["hicache-size"].default == 0
 
@@ -183,8 +187,9 @@ def test_defaults_are_what_the_simulators_parser_produces() -> None:
     assert d["schedule-policy"] == "fcfs" and d["mem-fraction-static"] is None
 
 
-def test_kv_cache_dtype_choices_match_the_capacity_calculus() -> None:
-    assert flags_for()["kv-cache-dtype"].choices == KV_DTYPES
+def test_kv_cache_dtype_choices_are_known_to_the_capacity_calculus() -> None:
+    # SGLang 0.5.6.post2 accepts auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16, fp4_e2m1
+    assert set(flags_for()["kv-cache-dtype"].choices) <= set(KV_DTYPES)
 
 
 def test_add_to_parser_behaves_like_sglang_for_the_new_version() -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tuner.errors import InputFileError
-from tuner.sim.flags import FlagError, parse_flags, server_args_dict
+from tuner.sglang.flags import KNOWN_VERSIONS
+from tuner.sim.flags import MODELED, FlagError, parse_flags, server_args_dict
 
 
 def test_defaults_match_sglang():
@@ -112,3 +115,25 @@ def test_server_args_use_sglang_field_names():
     args = server_args_dict(parse_flags(["--model-path", "m", "--tp", "8", "--sim-seed", "3"]))
     assert args["tp_size"] == 8 and "tensor_parallel_size" not in args
     assert not any(k.startswith("sim_") for k in args)
+
+
+def test_every_modeled_flag_is_on_the_namespace_of_every_version() -> None:
+    for version in KNOWN_VERSIONS:
+        ns = parse_flags(["--model-path", "m", "--sim-sglang-version", version])
+        assert [name for name in sorted(MODELED) if not hasattr(ns, name)] == [], version
+
+
+def test_a_profile_naming_a_version_without_a_table_is_one_line(tmp_path):
+    shipped = Path(__file__).parents[2] / "tuner/sim/profiles/llama-3.1-8b-h100.yaml"
+    profile = tmp_path / "p.yaml"
+    profile.write_text(shipped.read_text().replace("version: 0.5.6.post2", "version: 0.4.0"))
+    with pytest.raises(FlagError) as err:
+        parse_flags(["--model-path", "m", "--sim-profile", str(profile)])
+    assert err.value.message == (
+        f"launch_server.py: error: profile {profile} names SGLang 0.4.0; the simulator plays "
+        "0.5.6.post2, 0.5.23 (--sim-sglang-version)"
+    )
+    ns = parse_flags(
+        ["--model-path", "m", "--sim-profile", str(profile), "--sim-sglang-version", "0.5.23"]
+    )
+    assert ns.sim_sglang_version == "0.5.23"  # naming the version played overrides the profile

@@ -14,7 +14,7 @@ import difflib
 import re
 from collections.abc import Iterable
 
-from tuner.sglang.flags import version_hint
+from tuner.sglang.flags import KNOWN_VERSIONS, option_strings, version_hint
 
 _OPTION = re.compile(r"(?<![\w-])--([A-Za-z0-9][A-Za-z0-9_.-]*)")
 #: argparse indents invocations by 2 per section level; help prose starts at its help column
@@ -73,3 +73,17 @@ def flag_problem(name: str, options: frozenset[str]) -> str | None:
         if near and not hint:
             text += f"; did you mean --{near[0]}?"
     return f"{text} ({hint})" if hint else text
+
+
+def version_problems(names: Iterable[str], version: str | None) -> list[str]:
+    """`--name: why` for each flag SGLang `version`'s own parser would refuse, from the tuner's
+    table of that version ([] for a version without one: SGLang itself is then the judge)."""
+    if version not in KNOWN_VERSIONS:
+        return []
+    options = option_strings(version)
+    problems = ((name, flag_problem(name, options)) for name in names)
+    return [
+        f"--{name}: " + problem.replace("the host's SGLang", f"SGLang {version}", 1)
+        for name, problem in problems
+        if problem is not None
+    ]

@@ -39,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from tuner.export import export_data, render
 
-        text = render(export_data(cfg, study), args.format)
+        data = export_data(cfg, study)
+        for warning in data.get("warnings", ()):  # also in the YAML header and the JSON
+            print(f"tuner export: warning: {warning}", file=sys.stderr)
+        text = render(data, args.format)
     if args.output:
         # newline="": the CSV's CRLF line ends stay as RFC 4180 has them
         with args.output.open("w", newline="") as f:

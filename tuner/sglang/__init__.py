@@ -7,9 +7,9 @@
   `--chunked-prefill-size`, `--cuda-graph-max-bs`), and a whole launch's defaults for one GPU.
 - `failures`: the classes of a failed start or a dead server, from its exit code and log tail.
 
-Versions known: 0.5.6.post2 (the default) and 0.5.23 (0.5.6.post2's table with the differences of
-sglang-reference.md section 9 applied). The tables hold the flags the tuner and the simulator use,
-not all of SGLang's (300 and 559 option strings); see `tables` for how to add more.
+Versions known: 0.5.6.post2 (the default) and 0.5.23, each with SGLang's complete table (300
+and 559 option strings), generated from its server_args.py by `extract` into `data/`; `tables`
+says how a release is added.
 
 This package imports nothing from `tuner.sim` (the simulator imports it, never the reverse) and
 no I/O library: it is knowledge, not a client.

@@ -1,11 +1,11 @@
 """SGLang's launch flags per version: lookup, name resolution, defaults, argparse. Pure.
 
+The tables are SGLang's complete ones (`tables`, generated from each release's server_args.py).
 Names here are dashed and without `--` (`mem-fraction-static`); functions that take a name also
-accept it with `--`. A name resolves as SGLang's argparse resolves it: the canonical name, an
-alias (`tp-size`, `model`), or a prefix of exactly one option string (`tp` -> `tp-size` ->
-`tensor-parallel-size`; `mod` is ambiguous between `--model-path` and `--model`). The tables hold
-only the flags the tuner knows, so a prefix unique here could still be ambiguous in the full
-SGLang; write full names where it matters (the tuner's own output always does).
+accept it with `--`. A name resolves as SGLang's argparse resolves it (allow_abbrev): an exact
+option string (`tp-size`, `model`), else a prefix of exactly one option string (`tp` ->
+`tp-size` -> `tensor-parallel-size`); a prefix of several is ambiguous (`mod`: --model-path,
+--model, --model-impl, ...; in 0.5.23 `cuda-graph-max-bs`: -decode and -prefill).
 
 Errors are `ConfigError`s (tuner.errors): `UnknownVersionError` for a version without a table,
 `DuplicateFlagError` when one flag is given under two names.
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import replace
+from functools import cache
+from itertools import pairwise
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.sglang.tables import BASE_TABLE, BASE_VERSION, DELTAS, STORE_TRUE, Flag
+from tuner.sglang.tables import BASE_VERSION, REPLACED, VERSIONS, Flag, VersionTable, load
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -32,11 +33,13 @@ __all__ = [
     "defaults",
     "flags_for",
     "normalize_flags",
+    "option_strings",
+    "server_fields",
     "version_hint",
 ]
 
 DEFAULT_VERSION = BASE_VERSION
-KNOWN_VERSIONS: tuple[str, ...] = (BASE_VERSION, *DELTAS)
+KNOWN_VERSIONS: tuple[str, ...] = VERSIONS
 #: argparse adds `--help` to SGLang's parser: it counts when a prefix is checked for ambiguity
 _HELP = "help"
 
@@ -63,26 +66,38 @@ class DuplicateFlagError(ConfigError):
         )
 
 
-def flags_for(version: str = DEFAULT_VERSION) -> dict[str, Flag]:
-    """Every flag of that SGLang version, by canonical name, in SGLang's declaration order."""
-    if version == BASE_VERSION:
-        return {f.name: f for f in BASE_TABLE}
-    delta = DELTAS.get(version)
-    if delta is None:
+def _table(version: str) -> VersionTable:
+    table = load(version)
+    if table is None:
         raise UnknownVersionError(version)
-    table = {n: f for n, f in flags_for(delta.base).items() if n not in delta.removed}
-    for name, aliases in delta.new_aliases.items():
-        table[name] = replace(table[name], aliases=(*table[name].aliases, *aliases))
-    table.update((f.name, f) for f in delta.added)
     return table
 
 
+@cache
+def flags_for(version: str = DEFAULT_VERSION) -> dict[str, Flag]:
+    """Every flag of that SGLang version, by canonical name, in SGLang's declaration order.
+    (Cached: do not mutate the mapping.)"""
+    return {f.name: f for f in _table(version).flags}
+
+
+def server_fields(version: str = DEFAULT_VERSION) -> dict[str, Any]:
+    """ServerArgs' fields (what /server_info reports) with their declared defaults."""
+    return dict(_table(version).fields)
+
+
+@cache
 def _options(version: str) -> dict[str, str]:
-    """Every option string (dashed, no `--`) -> its flag's canonical name; `help` -> ''."""
+    """Every option string argparse registers (dashed, no `--`) -> its flag's canonical name;
+    `help` -> ''. In registration order, as argparse lists an ambiguity's candidates."""
     out = {_HELP: ""}
     for flag in flags_for(version).values():
-        out.update(dict.fromkeys((flag.name, *flag.aliases), flag.name))
+        out.update(dict.fromkeys((o.removeprefix("--") for o in flag.registered), flag.name))
     return out
+
+
+def option_strings(version: str = DEFAULT_VERSION) -> frozenset[str]:
+    """Every option string of that version's parser, dashed, without `--` (`help` included)."""
+    return frozenset(_options(version))
 
 
 def _resolve(name: str, options: Mapping[str, str]) -> str | None:
@@ -103,8 +118,8 @@ def canonical_flag(name: str, version: str = DEFAULT_VERSION) -> str | None:
 def normalize_flags(flags: Mapping[str, Any], version: str = DEFAULT_VERSION) -> dict[str, Any]:
     """The same flags under canonical names, in the same order.
 
-    A name that does not resolve (unknown to the tables, or ambiguous) is kept as given: the
-    tables are not all of SGLang's flags, so SGLang itself is the judge of those. Raises
+    A name that does not resolve (unknown in that version, or ambiguous) is kept as given, for
+    the checks that report it with what became of it (`version_hint`). Raises
     DuplicateFlagError when two names given resolve to the same flag.
     """
     options = _options(version)
@@ -124,21 +139,37 @@ def defaults(version: str = DEFAULT_VERSION) -> dict[str, Any]:
     return {name: flag.default for name, flag in flags_for(version).items()}
 
 
+@cache
 def _hints() -> dict[str, str]:
-    """Flag -> what became of it, from every version delta."""
+    """Flag -> what became of it, from each version's table against the one before it."""
     hints: dict[str, str] = {}
-    for version, delta in DELTAS.items():
-        for name, successors in delta.removed.items():
-            split = " and ".join(f"--{s}" for s in successors)
-            hints[name] = (
-                f"SGLang {version} split it into {split}" if split else f"gone in SGLang {version}"
-            )
-        for flag in delta.added:
-            hints[flag.name] = f"new in SGLang {version}"
-        for name, aliases in delta.new_aliases.items():
-            for alias in aliases:
-                hints[alias] = f"new in SGLang {version}; older versions call it --{name}"
+    for old, new in pairwise(VERSIONS):
+        before, after = _by_option(old), _by_option(new)
+        renamed = {f.dest: f.name for f in flags_for(new).values()}
+        for name, flag in before.items():
+            if name in after:
+                continue
+            successors = REPLACED.get(new, {}).get(name, ())
+            if successors:
+                split = " and ".join(f"--{s}" for s in successors)
+                hints.setdefault(name, f"SGLang {new} split it into {split}")
+            elif flag.dest in renamed:
+                hints.setdefault(name, f"SGLang {new} calls it --{renamed[flag.dest]}")
+            else:
+                hints.setdefault(name, f"gone in SGLang {new}")
+        older = {f.dest: f.name for f in before.values()}
+        for name, flag in after.items():
+            if name in before:
+                continue
+            was = older.get(flag.dest)
+            text = f"; older versions call it --{was}" if was else ""
+            hints.setdefault(name, f"new in SGLang {new}{text}")
     return hints
+
+
+def _by_option(version: str) -> dict[str, Flag]:
+    """Every registered option string (no `--`) -> its flag."""
+    return {o.removeprefix("--"): f for f in flags_for(version).values() for o in f.registered}
 
 
 def version_hint(flag: str) -> str | None:
@@ -149,17 +180,6 @@ def version_hint(flag: str) -> str | None:
 
 def add_to_parser(parser: argparse.ArgumentParser, version: str = DEFAULT_VERSION) -> None:
     """Register every flag of that version the way SGLang's argparse does (types, choices,
-    store_true, nargs, aliases as extra option strings, ServerArgs field names as dest)."""
+    store_true, BooleanOptionalAction, nargs, aliases as extra option strings, SGLang's dests)."""
     for flag in flags_for(version).values():
-        kwargs: dict[str, Any] = {"dest": flag.dest, "default": flag.default, "help": flag.help}
-        if flag.action == STORE_TRUE:
-            kwargs["action"] = STORE_TRUE
-        else:
-            kwargs["type"] = flag.type
-            if flag.choices is not None:
-                kwargs["choices"] = list(flag.choices)
-            if flag.nargs is not None:
-                kwargs["nargs"] = flag.nargs
-            if flag.required:
-                kwargs["required"] = True
-        parser.add_argument(*flag.option_strings, **kwargs)
+        flag.add_to(parser)

@@ -1,17 +1,42 @@
-"""SGLang's launch flags as records, per version (server_args.py). Pure data.
+"""SGLang's launch flags as records, per version. Pure data.
 
-`BASE_TABLE` is v0.5.6.post2 as the tuner and the simulator use it; a later version is a
-`VersionDelta` on an earlier one (flags removed, flags added, aliases added), so adding SGLang's
-complete tables, or a new release, is adding records here: `flags.py` holds no flag names.
+Each version's complete table is `data/flags-<version>.json`, generated from that release's
+`server_args.py` by `tuner.sglang.extract` (its docstring says how to regenerate it or add a
+release): every argument `ServerArgs.add_cli_args` registers (option strings, dest, type,
+default, choices, nargs, action, required, the source line) and every ServerArgs field with its
+default (what `/server_info` reports). What the source does not say is kept here by hand:
+which flags replaced one a release dropped (`REPLACED`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
+from tuner.sglang.argtypes import ACTIONS, BOOLEAN_OPTIONAL, type_parser
+
 STORE_TRUE = "store_true"
+#: actions whose default, when SGLang declares none, is False (argparse's, and SGLang's own)
+_FALSE_BY_DEFAULT = (STORE_TRUE, "DeprecatedStoreTrueAction")
+
+#: the versions with a table, oldest first (a test checks each has its data file)
+VERSIONS: tuple[str, ...] = ("0.5.6.post2", "0.5.23")
+BASE_VERSION = VERSIONS[0]
+
+#: version -> flag it dropped -> the flags that replaced it (sglang-reference.md section 9; the
+#: 0.5.23 fields `cuda_graph_max_bs_decode`/`_prefill`, `cuda_graph_bs_decode`/`_prefill`).
+#: A dropped flag not listed here is reported as gone; a renamed one (same ServerArgs field
+#: under a new option string) is found in the tables themselves.
+REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.5.23": {
+        "cuda-graph-max-bs": ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),
+        "cuda-graph-bs": ("cuda-graph-bs-decode", "cuda-graph-bs-prefill"),
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -19,8 +44,11 @@ class Flag:
     """One launch flag as SGLang's argparse declares it.
 
     `name` is the canonical dashed name without `--` (SGLang's first option string); `aliases`
-    are its other option strings; `dest` is the ServerArgs field (what /get_server_info reports).
-    A store_true flag has `action="store_true"`, no type, default False.
+    are its other declared option strings; `dest` is the argparse dest (SGLang's field name,
+    except 0.5.6.post2's `tensor_parallel_size` & co., which `from_cli_args` copies to
+    `tp_size`). A store_true flag has `action="store_true"`, no type. `type_name` is the parser
+    as SGLang's source names it (`int`, `json.loads`, `human_readable_int`); `src` is where the
+    flag is declared (`python/sglang/srt/server_args.py:2125`).
     """
 
     name: str
@@ -28,11 +56,16 @@ class Flag:
     type: Callable[[str], Any] | None = None
     default: Any = None
     choices: tuple[Any, ...] | None = None
-    nargs: str | None = None
+    nargs: str | int | None = None
     action: str | None = None
     help: str = ""
     required: bool = False
     dest: str = ""
+    const: Any = None
+    type_name: str = ""
+    src: str = ""
+    #: keyword arguments of SGLang's own actions (`new_flag`, `const_value`)
+    action_kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.dest:
@@ -40,173 +73,83 @@ class Flag:
 
     @property
     def option_strings(self) -> tuple[str, ...]:
-        """`--name` and every `--alias`, as argparse registers them."""
+        """`--name` and every `--alias`, as declared."""
         return tuple(f"--{n}" for n in (self.name, *self.aliases))
+
+    @property
+    def registered(self) -> tuple[str, ...]:
+        """Every option string argparse registers: BooleanOptionalAction adds `--no-NAME`."""
+        if self.action != BOOLEAN_OPTIONAL:
+            return self.option_strings
+        return (*self.option_strings, *(f"--no-{n}" for n in (self.name, *self.aliases)))
+
+    def add_to(self, parser: Any) -> None:
+        """Register this flag on an argparse parser the way SGLang's `add_cli_args` does."""
+        kwargs: dict[str, Any] = {"dest": self.dest, "help": self.help}
+        if self.default is not None or self.action is None:
+            kwargs["default"] = self.default  # else the action's own default (argparse's None)
+        if self.action == STORE_TRUE:
+            kwargs["action"] = STORE_TRUE
+        elif self.action is not None:
+            kwargs["action"] = ACTIONS[self.action]
+            kwargs.update(self.action_kwargs)
+        if self.type is not None:
+            kwargs["type"] = self.type
+        for key in ("choices", "nargs", "const"):
+            if (value := getattr(self, key)) is not None:
+                kwargs[key] = list(value) if key == "choices" else value
+        if self.required:
+            kwargs["required"] = True
+        parser.add_argument(*self.option_strings, **kwargs)
 
 
 @dataclass(frozen=True)
-class VersionDelta:
-    """How one version's flags differ from an earlier one's."""
+class VersionTable:
+    """One SGLang release: its flags in registration order, and ServerArgs' fields."""
 
-    base: str
-    #: flag -> the flags that replaced it (empty: gone without a successor)
-    removed: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    added: tuple[Flag, ...] = ()
-    #: canonical flag -> aliases this version added to it
-    new_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-
-def _str(name: str, default: Any = None, *, choices: Any = None, **kw: Any) -> Flag:
-    return Flag(name, type=str, default=default, choices=choices and tuple(choices), **kw)
+    version: str
+    flags: tuple[Flag, ...]
+    #: ServerArgs field -> its declared default, in SGLang's field order
+    fields: dict[str, Any]
+    #: what the extractor could not evaluate statically (left open: any value is accepted)
+    unresolved: tuple[str, ...]
 
 
-def _int(name: str, default: Any = None, **kw: Any) -> Flag:
-    return Flag(name, type=int, default=default, **kw)
+def _flag(rec: dict[str, Any]) -> Flag:
+    names = [o.removeprefix("--") for o in rec["opts"]]
+    type_name = rec.get("type", "")
+    choices = rec.get("choices")
+    kwargs = tuple((k, rec[k]) for k in ("new_flag", "const_value") if k in rec)
+    if rec.get("action") and "nargs" in rec and rec["nargs"] is None:
+        kwargs += (("nargs", None),)  # SGLang's own action, told to take one value
+    return Flag(
+        names[0],
+        tuple(names[1:]),
+        type=type_parser(type_name) if type_name else None,
+        # argparse's own default where SGLang gives none: False for a store_true
+        default=rec.get("default", False if rec.get("action") in _FALSE_BY_DEFAULT else None),
+        choices=tuple(choices) if choices is not None else None,
+        nargs=rec.get("nargs"),
+        action=rec.get("action"),
+        required=bool(rec.get("required")),
+        dest=rec["dest"],
+        const=rec.get("const"),
+        type_name=type_name,
+        src=rec["src"],
+        action_kwargs=kwargs,
+    )
 
 
-def _float(name: str, default: Any = None, **kw: Any) -> Flag:
-    return Flag(name, type=float, default=default, **kw)
-
-
-def _on(name: str, help: str = "") -> Flag:
-    return Flag(name, action=STORE_TRUE, default=False, help=help)
-
-
-SCHEDULE_POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority")
-HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
-HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
-HICACHE_STORAGE_BACKENDS = ("file", "mooncake", "hf3fs", "nixl", "aibrix", "dynamic")
-#: the same names and order as capacity.KV_DTYPES (a test keeps them equal)
-KV_CACHE_DTYPES = (
-    "auto",
-    "bf16",
-    "bfloat16",
-    "fp16",
-    "float16",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "fp4_e2m1",
-)
-ATTENTION_BACKENDS = (
-    *("aiter", "ascend", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla", "torch_native"),
-    *("triton", "trtllm_mha", "trtllm_mla"),
-)
-QUANTIZATIONS = (
-    *("awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf"),
-    *("modelopt", "modelopt_fp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "compressed-tensors"),
-    "mxfp4",
-)
-LOAD_FORMATS = (
-    *("auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "gguf", "bitsandbytes"),
-    *("layered", "remote"),
-)
-DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
-
-BASE_VERSION = "0.5.6.post2"
-
-BASE_TABLE: tuple[Flag, ...] = (
-    # model and tokenizer
-    _str("model-path", aliases=("model",), required=True, help="model dir or hub id"),
-    _str("tokenizer-path"),
-    _str("tokenizer-mode", "auto", choices=("auto", "slow")),
-    _on("skip-tokenizer-init"),
-    _str("load-format", "auto", choices=LOAD_FORMATS),
-    _on("trust-remote-code"),
-    _int("context-length"),
-    _on("is-embedding"),
-    _str("revision"),
-    _str("dtype", "auto", choices=DTYPES),
-    _str("quantization", choices=QUANTIZATIONS),
-    _str("kv-cache-dtype", "auto", choices=KV_CACHE_DTYPES),
-    _str("served-model-name"),
-    _str("chat-template"),
-    _str("device", "cuda"),
-    # HTTP server
-    _str("host", "127.0.0.1"),
-    _int("port", 30000),
-    _str("api-key"),
-    _on("skip-server-warmup"),
-    _float("watchdog-timeout", 300),
-    # memory and scheduling (None: computed from the GPU, see defaults.py)
-    _float("mem-fraction-static"),
-    _int("max-running-requests"),
-    _int("max-queued-requests"),
-    _int("max-total-tokens"),
-    _int("chunked-prefill-size"),
-    _int("max-prefill-tokens", 16384),
-    _str("schedule-policy", "fcfs", choices=SCHEDULE_POLICIES),
-    _float("schedule-conservativeness", 1.0),
-    _int("page-size", 1),
-    _int("cuda-graph-max-bs"),
-    _int("cuda-graph-bs", nargs="+"),
-    _on("disable-cuda-graph"),
-    _on("enable-piecewise-cuda-graph"),
-    _on("enable-torch-compile"),
-    _int("torch-compile-max-bs", 32),
-    _on("disable-overlap-schedule"),
-    _on("enable-mixed-chunk"),
-    _int("num-continuous-decode-steps", 1),
-    _str("attention-backend", choices=ATTENTION_BACKENDS),
-    _int("stream-interval", 1),
-    _on("stream-output"),
-    _int("random-seed"),
-    # parallelism: SGLang's fields are tp_size etc.; `--tp`/`--dp` work by argparse prefix
-    _int("tensor-parallel-size", 1, aliases=("tp-size",), dest="tp_size"),
-    _int("pipeline-parallel-size", 1, aliases=("pp-size",), dest="pp_size"),
-    _int("data-parallel-size", 1, aliases=("dp-size",), dest="dp_size"),
-    _int("expert-parallel-size", 1, aliases=("ep-size",), dest="ep_size"),
-    _on("enable-dp-attention"),
-    _int("nnodes", 1),
-    _int("node-rank", 0),
-    _str("dist-init-addr"),
-    _int("base-gpu-id", 0),
-    _on("disable-custom-all-reduce"),
-    # logging and metrics
-    _str("log-level", "info"),
-    _on("log-requests"),
-    _on("show-time-cost"),
-    _on("enable-metrics"),
-    _on("enable-cache-report"),
-    _int("decode-log-interval", 40),
-    _str("tool-call-parser"),
-    _str("reasoning-parser"),
-    # prefix cache and HiCache
-    _on("disable-radix-cache"),
-    _on("enable-hierarchical-cache"),
-    _float("hicache-ratio", 2.0),
-    _int("hicache-size", 0, help="host pool per rank in GB (1e9 bytes)"),
-    _str("hicache-write-policy", "write_through", choices=HICACHE_WRITE_POLICIES),
-    _str("hicache-io-backend", "kernel", choices=("direct", "kernel")),
-    _str("hicache-mem-layout", "layer_first", choices=HICACHE_MEM_LAYOUTS),
-    _str("hicache-storage-backend", choices=HICACHE_STORAGE_BACKENDS),
-    _str(
-        "hicache-storage-prefetch-policy",
-        "best_effort",
-        choices=("best_effort", "wait_complete", "timeout"),
-    ),
-    # SGLang's own YAML launch config (sglang-reference.md section 1)
-    _str("config", help="SGLang YAML launch config (flat, dashed keys)"),
-)
-
-#: version -> how it differs from its base (sglang-reference.md section 9)
-DELTAS: dict[str, VersionDelta] = {
-    "0.5.23": VersionDelta(
-        base=BASE_VERSION,
-        removed={
-            "cuda-graph-max-bs": ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),
-            "cuda-graph-bs": ("cuda-graph-bs-decode", "cuda-graph-bs-prefill"),
-            "stream-output": (),
-            "enable-piecewise-cuda-graph": (),
-        },
-        added=(
-            _int("cuda-graph-max-bs-decode"),
-            _int("cuda-graph-max-bs-prefill"),
-            _int("cuda-graph-bs-decode", nargs="+"),
-            _int("cuda-graph-bs-prefill", nargs="+"),
-            # bounds the host pool only when neither --hicache-ratio nor --hicache-size is given
-            _float("hicache-host-memory-fraction"),
-            _str("hicache-host-memory-mode", "cache", choices=("cache", "buffer_only")),
-        ),
-        new_aliases={"enable-hierarchical-cache": ("enable-hicache",)},
-    ),
-}
+@cache
+def load(version: str) -> VersionTable | None:
+    """The table of one version (None when there is none); read once per process."""
+    if version not in VERSIONS:
+        return None
+    # package data, read as such (this package does no I/O of its own)
+    data = json.loads(files("tuner.sglang").joinpath("data", f"flags-{version}.json").read_text())
+    return VersionTable(
+        version,
+        tuple(_flag(r) for r in data["flags"]),
+        {f["name"]: f.get("default") for f in data["fields"]},
+        tuple(data["unresolved"]),
+    )
