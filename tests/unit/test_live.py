@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 from rich.console import Console
@@ -18,6 +19,7 @@ from tuner.live import PlainLines, render
 from tuner.loadgen.result import LoadProgress
 from tuner.progress import PhaseChanged, RunStarted, TrialStarted
 from tuner.sglang.milestones import Milestone, milestones
+from tuner.sim import loglines
 from tuner.startlog import StartupLog
 from tuner.studyfile import load_study
 from tuner.trial import Attr
@@ -193,3 +195,20 @@ def test_startup_log_reads_only_new_bytes_and_reports_each_milestone_once(
     log.write_text(lines[2])
     follow()
     assert seen[-1] == "weights"
+
+
+@pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.23"])
+def test_milestones_read_each_played_versions_lines(version: str) -> None:
+    # the simulator writes each version's own templates (0.5.23 changed three of them)
+    lines = [
+        loglines.load_weight_end(version, 30.1, "LlamaForCausalLM", "torch.bfloat16", 63.42, 15.04),
+        loglines.kv_allocated(version, "torch.bfloat16", 452310, False, 55.22),
+        loglines.graph_begin(version, 7.52),
+        loglines.graph_end(version, 256, 12.31, 0.9, 6.62),
+    ]
+    assert [(m.key, m.text) for m in milestones(lines)] == [
+        ("weights", "weights loaded: 15.04 GB"),
+        ("kv_cache", "KV cache allocated: 452,310 tokens (55.22 GB)"),
+        ("graphs_begin", "capturing CUDA graphs"),
+        ("graphs", "CUDA graphs captured in 12.31 s"),
+    ]

@@ -10,6 +10,8 @@ one short milestone with units on every number, for the live display of `tuner t
     Allocating 64.00 GB host memory for hierarchical KV cache.      -> HiCache host pool: 64.00 GB
     Capture cuda graph begin. ...                                   -> capturing CUDA graphs
     Capture cuda graph end. Time elapsed: 12.31 s. ...              -> CUDA graphs captured in 12.31 s
+    (0.5.23: `Load weight end. elapsed=...`, `KV Cache is allocated. dtype: ..., #tokens: ...`,
+    `Capture target decode CUDA graph begin/end. bs=[...], elapsed=12.31 s, ...`: same milestones)
     max_total_num_tokens=..., max_running_requests=4096, ..., available_gpu_mem=6.68 GB
                                                                      -> scheduler: 4,096 requests max running, 6.68 GB GPU memory free
     The server is fired up and ready to roll!                       -> ready to roll
@@ -63,17 +65,26 @@ _RULES: tuple[tuple[str, re.Pattern[str], Callable[[re.Match[str]], str]], ...] 
         re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB"),
         lambda m: f"weights loaded: {m.group(1)} GB",
     ),
-    ("kv_cache", re.compile(r"KV Cache is allocated\. #tokens: (\d+)"), _kv),
+    # 0.5.23 adds `dtype: X, ` before the count
+    ("kv_cache", re.compile(r"KV Cache is allocated\. (?:dtype: \S+, )?#tokens: (\d+)"), _kv),
     (
         "hicache",
         re.compile(r"Allocating ([\d.]+) GB host memory for hierarchical KV cache"),
         lambda m: f"HiCache host pool: {m.group(1)} GB",
     ),
-    ("graphs_begin", re.compile(r"Capture cuda graph begin\b"), lambda m: "capturing CUDA graphs"),
+    # 0.5.23: "Capture target decode CUDA graph begin/end. bs=[...], elapsed=12.31 s, ..."
+    (
+        "graphs_begin",
+        re.compile(r"Capture (?:cuda graph|target decode CUDA graph) begin\b"),
+        lambda m: "capturing CUDA graphs",
+    ),
     (
         "graphs",
-        re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s"),
-        lambda m: f"CUDA graphs captured in {m.group(1)} s",
+        re.compile(
+            r"Capture (?:cuda graph end\. Time elapsed: ([\d.]+) s"
+            r"|target decode CUDA graph end\..*?elapsed=([\d.]+) s)"
+        ),
+        lambda m: f"CUDA graphs captured in {m.group(1) or m.group(2)} s",
     ),
     ("scheduler", re.compile(r"max_total_num_tokens=(\d+)"), _scheduler),
     ("ready", re.compile(r"The server is fired up and ready to roll"), lambda m: "ready to roll"),

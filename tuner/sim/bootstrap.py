@@ -6,7 +6,7 @@ import argparse
 
 from tuner.sim.engine import Engine, EngineParams, StepTimeModel
 from tuner.sim.profile import Profile
-from tuner.sim.startup import Script
+from tuner.sim.startup import Script, played_version
 
 
 def engine_params(ns: argparse.Namespace, script: Script) -> EngineParams:
@@ -32,6 +32,7 @@ def engine_params(ns: argparse.Namespace, script: Script) -> EngineParams:
         seed=ns.sim_seed,
         # decode batches above the captured size run without CUDA graphs (slower)
         cuda_graph_max_bs=0 if ns.disable_cuda_graph else d.cuda_graph_max_bs,
+        log_version=played_version(ns),
     )
 
 

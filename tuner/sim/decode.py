@@ -33,7 +33,13 @@ def run_decode(s: SchedState, out: StepOut) -> float:
         used = pool.used()
         out.logs.append(
             decode_line(
-                bs, used, used / pool.total, cuda_graph, s.meter.gen_throughput, len(s.waiting)
+                bs,
+                used,
+                used / pool.total,
+                cuda_graph,
+                s.meter.gen_throughput,
+                len(s.waiting),
+                s.params.log_version,
             )
         )
     return duration

@@ -29,7 +29,10 @@ from tuner.sim.httpcommon import (
     send_sse,
     start_request,
     updates,
+    version_of,
 )
+from tuner.sim.httproutes import add_extra_routes
+from tuner.sim.oaishapes import WEIGHT_VERSION, newer
 from tuner.sim.openai_api import chat_completions, completions
 from tuner.sim.reqstate import ReqState
 
@@ -39,15 +42,33 @@ FLUSH_TEXT = (
 )
 
 
-def _meta(st: ReqState, now: float) -> dict[str, Any]:
-    return {
+#: old endpoint names SGLang still serves, with a warning naming the new one
+DEPRECATED = {"/get_server_info": "/server_info", "/get_model_info": "/model_info"}
+
+
+def _meta(st: ReqState, version: str) -> dict[str, Any]:
+    """SGLang's meta_info (tokenizer_manager.py): e2e_latency only once the request finished.
+
+    0.5.23 renames total_retractions to num_retractions, adds reasoning_tokens and, once some
+    tokens were cached, their breakdown by source (the simulator's hits are all on device).
+    """
+    new = newer(version)
+    meta: dict[str, Any] = {
         "id": st.rid,
-        "finish_reason": st.finish_reason,
+        "finish_reason": st.reason(),
         "prompt_tokens": st.prompt_tokens,
-        "completion_tokens": st.completion_tokens,
-        "cached_tokens": st.cached_tokens,
-        "e2e_latency": (st.finished_at or now) - st.created,
+        "weight_version": WEIGHT_VERSION,
+        "num_retractions" if new else "total_retractions": 0,
     }
+    if new:
+        meta["reasoning_tokens"] = 0
+    meta["completion_tokens"] = st.completion_tokens
+    meta["cached_tokens"] = st.cached_tokens
+    if new and st.cached_tokens > 0:
+        meta["cached_tokens_details"] = {"device": st.cached_tokens, "host": 0}
+    if st.finished:
+        meta["e2e_latency"] = (st.finished_at or st.created) - st.created
+    return meta
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -61,22 +82,40 @@ async def generate(request: web.Request) -> web.StreamResponse:
             raise BadRequest("Either text or input_ids should be provided.")
         ids = ids_from(raw)
         max_new = sp.get("max_new_tokens", 128)
+        stop = sp.get("stop") or ()
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list | tuple) or not all(isinstance(x, str) for x in stop):
+            raise BadRequest("stop must be a string or a list of strings.")
     except BadRequest as exc:
         return error_response(str(exc), 400, False)
+    stream = bool(body.get("stream"))
+    ignore_eos = bool(sp.get("ignore_eos", False))
     st = await start_request(
-        request, ids, max_new, bool(sp.get("ignore_eos", False)), body.get("rid"), False
+        request, ids, max_new, ignore_eos, body.get("rid"), False, stop, stream
     )
-    if isinstance(st, web.Response):
+    if isinstance(st, web.StreamResponse):
         return st
+    st.stream = bool(body.get("stream"))
+    version = version_of(srv)
     loop_time = request.app["loop_time"]
     try:
         if not body.get("stream"):
-            await srv.wait_finished(st)
+            try:
+                await srv.wait_finished(st)
+            except asyncio.CancelledError:
+                if srv.state not in ("loaded", "ready"):  # the server is going down, not the client
+                    raise
+                kind = 3 if st.first_token_at is not None else 1  # the client left: SGLang logs it
+                srv.log(
+                    "[http_server] Error: Request is disconnected from the client side "
+                    f"(type {kind}). Abort request obj.rid={st.rid!r}"
+                )
+                raise
             return web.json_response(
                 {
                     "text": st.text(),
                     "output_ids": list(st.output_ids()),
-                    "meta_info": _meta(st, loop_time()),
+                    "meta_info": _meta(st, version),
                 }
             )
         cut = srv.faults.cut_after(loop_time(), srv.log)
@@ -87,12 +126,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 chunk = {
                     "text": st.text(),
                     "output_ids": list(st.output_ids()),
-                    "meta_info": _meta(st, loop_time()),
+                    "meta_info": _meta(st, version),
                 }
                 await send_sse(resp, chunk)
-        except StreamCut:
+            await send_sse(resp, "[DONE]")
+        except StreamCut:  # a cut-stream fault, or the client left (ClientGone)
             return cut_connection(request, resp)
-        await send_sse(resp, "[DONE]")
         return resp
     finally:
         srv.release(st)
@@ -132,7 +171,7 @@ async def server_info(request: web.Request) -> web.Response:
         "status": "ready" if srv.state == "ready" else "starting",
         "max_total_num_tokens": plan.max_total_num_tokens,
         "max_req_input_len": plan.max_req_input_len,
-        "version": srv.profile.version,
+        "version": version_of(srv),  # the version played, which the tuner records
         "internal_states": [
             {
                 "max_total_num_tokens": plan.max_total_num_tokens,
@@ -160,19 +199,30 @@ async def server_info(request: web.Request) -> web.Response:
 async def model_info(request: web.Request) -> web.Response:
     """GET /get_model_info and /model_info."""
     srv = backend(request)
-    return web.json_response(
-        {
-            "model_path": srv.ns.model_path,
-            "tokenizer_path": srv.ns.tokenizer_path or srv.ns.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": srv.profile.model_config.get("model_type"),
-            "architectures": srv.profile.model_config.get("architectures"),
-        }
+    ns = srv.ns
+    info: dict[str, Any] = {"model_path": ns.model_path}
+    if newer(version_of(srv)):  # 0.5.23 adds the served name after the path
+        info["served_model_name"] = srv.served_model_name
+    info.update(
+        tokenizer_path=ns.tokenizer_path or ns.model_path,
+        is_generation=True,
+        preferred_sampling_params=getattr(ns, "preferred_sampling_params", None),
+        weight_version=WEIGHT_VERSION,
     )
+    if newer(version_of(srv)):  # and the serving config a router reads
+        info.update(
+            load_format=getattr(ns, "load_format", "auto"),
+            reasoning_parser=getattr(ns, "reasoning_parser", None),
+            tool_call_parser=getattr(ns, "tool_call_parser", None),
+            disaggregation_mode=getattr(ns, "disaggregation_mode", "null"),
+        )
+    info.update(
+        has_image_understanding=False,
+        has_audio_understanding=False,
+        model_type=srv.profile.model_config.get("model_type"),
+        architectures=srv.profile.model_config.get("architectures"),
+    )
+    return web.json_response(info)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -203,7 +253,9 @@ async def metrics(request: web.Request) -> web.Response:
     if not srv.ns.enable_metrics:
         return web.Response(status=404, text="404: Not Found")
     stats = srv.engine.stats() if srv.engine is not None else None
-    body = promtext.render(stats, srv.hist, srv.served_model_name)
+    cache_type = "HiRadixCache" if srv.ns.enable_hierarchical_cache else "RadixCache"
+    version = version_of(srv)
+    body = promtext.render(stats, srv.hist, srv.served_model_name, version, cache_type)
     return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
 
@@ -220,8 +272,13 @@ def add_routes(app: web.Application, srv: SimBackend) -> None:
         "/metrics": metrics,
     }
 
-    def gated(handler):
+    def gated(handler, path: str = ""):
         async def wrapped(request: web.Request) -> web.StreamResponse:
+            if path in DEPRECATED:  # SGLang's http_server.py warns on every call of the old names
+                srv.log(
+                    f"Endpoint '{path}' is deprecated and will be removed in a future version. "
+                    f"Please use '{DEPRECATED[path]}' instead."
+                )
             if srv.state == "starting":
                 return web.Response(status=503, text="The server is starting.")
             return await handler(request)
@@ -229,10 +286,12 @@ def add_routes(app: web.Application, srv: SimBackend) -> None:
         return wrapped
 
     for path, handler in ready_only.items():
-        app.router.add_get(path, gated(handler))
+        app.router.add_get(path, gated(handler, path))
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
     app.router.add_post("/generate", generate)
+    app.router.add_put("/generate", generate)
     app.router.add_route("*", "/flush_cache", gated(flush_cache))
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    add_extra_routes(app, version_of(srv))

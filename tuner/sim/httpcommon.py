@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from tuner.sglang.flags import DEFAULT_VERSION
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, QueueFull
 from tuner.sim.faults import PREFIX, Faults
+from tuner.sim.oaishapes import newer
 from tuner.sim.profile import Profile
 from tuner.sim.promtext import Histograms
 from tuner.sim.reqstate import ReqState
@@ -41,11 +43,19 @@ class SimBackend(Protocol):
     served_model_name: str
     faults: Faults
     log: Callable[[str], None]
+    paused: bool  # /pause_generation: /ready answers 503
+
+    def abort(self, rid: str) -> None: ...
 
     def server_args(self) -> dict[str, Any]: ...
 
     def submit(
-        self, input_ids: list[int], max_new_tokens: int, ignore_eos: bool, rid: str | None = None
+        self,
+        input_ids: list[int],
+        max_new_tokens: int,
+        ignore_eos: bool,
+        rid: str | None = None,
+        stop: Sequence[str] = (),
     ) -> ReqState: ...
 
     async def wait_finished(self, st: ReqState) -> None: ...
@@ -59,6 +69,10 @@ class BadRequest(Exception):
 
 class StreamCut(Exception):
     """An injected cut-stream fault: the handler closes the connection mid-body."""
+
+
+class ClientGone(StreamCut):
+    """The client closed the connection mid-stream: stop writing, quietly (SGLang logs nothing)."""
 
 
 def now(request: web.Request) -> float:
@@ -146,6 +160,11 @@ def check_input(srv: SimBackend, ids: list[int], max_new: int) -> None:
         )
 
 
+def version_of(srv: SimBackend) -> str:
+    """The SGLang version the simulator plays (`--sim-sglang-version`)."""
+    return getattr(srv.ns, "sim_sglang_version", None) or DEFAULT_VERSION
+
+
 async def start_request(
     request: web.Request,
     ids: list[int],
@@ -153,8 +172,26 @@ async def start_request(
     ignore_eos: bool,
     rid: str | None,
     openai: bool,
-) -> ReqState | web.Response:
+    stop: Sequence[str] = (),
+    stream: bool = False,
+) -> ReqState | web.StreamResponse:
     """Admission: readiness, queue limit, input checks; a ReqState or an error response."""
+    out = await start_requests(request, ids, max_new, ignore_eos, rid, openai, stop, 1, stream)
+    return out if isinstance(out, web.StreamResponse) else out[0]
+
+
+async def start_requests(
+    request: web.Request,
+    ids: list[int],
+    max_new: int,
+    ignore_eos: bool,
+    rid: str | None,
+    openai: bool,
+    stop: Sequence[str] = (),
+    n: int = 1,
+    stream: bool = False,
+) -> list[ReqState] | web.StreamResponse:
+    """`start_request` for `n` samples of one prompt (OpenAI's `n`): n requests, or the error."""
     srv = backend(request)
     if srv.state not in ("loaded", "ready") or srv.engine is None:
         message = (
@@ -170,16 +207,53 @@ async def start_request(
     try:
         check_input(srv, ids, max_new)
     except BadRequest as exc:
-        return error_response(str(exc), 400, openai)
+        return await _rejected(request, srv, str(exc), openai, stream)
     limit = srv.ns.max_queued_requests
     if limit is not None and srv.engine.stats().num_queue_reqs >= limit:
         return error_response("The request queue is full.", 503, openai)
     if rid is not None and rid in srv.requests:
         return error_response(f"Duplicate request id: {rid}", 400, openai)
+    states: list[ReqState] = []
     try:
-        return srv.submit(ids, max_new, ignore_eos, rid)
+        for _ in range(n):
+            states.append(srv.submit(ids, max_new, ignore_eos, rid if n == 1 else None, stop))
     except QueueFull:
+        for st in states:
+            srv.release(st)
         return error_response("The request queue is full.", 503, openai)
+    return states
+
+
+async def _rejected(
+    request: web.Request, srv: SimBackend, message: str, openai: bool, stream: bool
+) -> web.StreamResponse:
+    """An input SGLang's tokenizer manager refuses (a ValueError in its generator).
+
+    /generate logs it; a stream has already answered 200 when the error comes, so the error is
+    an SSE event before [DONE] (http_server.py, serving_chat.py), except on 0.5.23's OpenAI
+    endpoints, which start the generator before answering and so return 400.
+    """
+    new = newer(version_of(srv))
+    if not openai:
+        srv.log(f"[http_server] Error: {message}")
+    if not stream or (openai and new):
+        return error_response(message, 400, openai)
+    if openai:  # serving_base.create_streaming_error_response: json.dumps of ErrorResponse
+        error = {"object": "error", "message": message, "type": "BadRequestError"}
+        event = json.dumps({"error": {**error, "param": None, "code": 400}})
+    elif new:
+        error = {"message": message, "type": "invalid_request_error", "code": 400}
+        event = json.dumps({"error": {**error, "retryable": False}}, separators=(",", ":"))
+    else:
+        event = json.dumps({"error": {"message": message}}, separators=(",", ":"))
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        await send_sse(resp, event)
+        await send_sse(resp, "[DONE]")
+    except (ConnectionResetError, StreamCut):
+        pass  # the client left already
+    return resp
 
 
 async def updates(srv: SimBackend, st: ReqState, cut: int | None = None) -> AsyncIterator[int]:
@@ -209,4 +283,7 @@ async def updates(srv: SimBackend, st: ReqState, cut: int | None = None) -> Asyn
 async def send_sse(resp: web.StreamResponse, payload: Any) -> None:
     """One server-sent event: `data: <json or text>`."""
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    await resp.write(f"data: {data}\n\n".encode())
+    try:
+        await resp.write(f"data: {data}\n\n".encode())
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError: the client left
+        raise ClientGone from None

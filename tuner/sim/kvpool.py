@@ -124,8 +124,8 @@ class KVPool:
     def sequence_keys(self, req: SchedReq) -> list[int]:
         """Keys of every full block with KV: the prompt's, then the generated tokens'.
 
-        With `output_seed`, generated tokens get the ids their rendered text (`tok<id> `) encodes
-        to, so a follow-up turn that sends the answer back matches it; otherwise keys no prompt
+        With `output_seed`, generated tokens get the ids their rendered text encodes back to
+        (tokens.py), so a follow-up turn that sends the answer back matches it; otherwise keys no prompt
         can match.
         """
         block = self.block
@@ -141,5 +141,5 @@ class KVPool:
             return keys
         n_out = req.filled - req.prompt_len
         seed = req.output_seed
-        out = [tokens.word_id(f"tok{tokens.output_token_id(seed, i)}") for i in range(n_out)]
+        out = [tokens.output_token_id(seed, i) for i in range(n_out)]
         return keys + chain_keys((*req.tail, *out), block, start_key=parent)

@@ -126,9 +126,23 @@ def take_batch(s: SchedState, formed: Formed, out: StepOut) -> list[SchedReq]:
     s.counters.load_back += adder.load_tokens
     pool = s.pool
     usage = pool.used() / pool.total
-    out.logs.append(
-        prefill_line(len(batch), adder.log_input, adder.log_hit, usage, running_bs, len(s.waiting))
+    gap = s.clock - s.prefill_logged_at
+    s.prefill_logged_at = s.clock
+    pending = sum(r.prompt_len for r in s.waiting)  # 0.5.23's #pending-token
+    if s.chunked is not None:
+        pending += max(0, s.chunked.prompt_len - s.chunked.filled)
+    line = prefill_line(
+        len(batch),
+        adder.log_input,
+        adder.log_hit,
+        usage,
+        running_bs,
+        len(s.waiting),
+        s.params.log_version,
+        pending,
+        adder.log_input / gap if gap > 0 else 0.0,
     )
+    out.logs.append(line)
     return batch
 
 

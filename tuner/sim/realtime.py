@@ -26,7 +26,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -92,7 +92,7 @@ class SimServer:
         self.engine: Engine | None = None
         self.log = Log(stream, ns.tp_size)
         self.rng = random.Random(ns.sim_seed)
-        self.state = "starting"  # starting -> loaded -> ready -> draining
+        self.state = "starting"  # starting -> loaded -> ready -> draining (or crashed)
         self.requests: dict[str, ReqState] = {}
         self.inflight = 0
         self.work = asyncio.Event()
@@ -102,6 +102,7 @@ class SimServer:
         self.last_gen_throughput = 0.0
         self.served_model_name = script.defaults.served_model_name
         self.faults = faults or Faults()
+        self.paused = False
         self._start_fault: FaultSpec | None = None
         self._fault_tasks: list[asyncio.Task] = []
 
@@ -111,10 +112,14 @@ class SimServer:
         """Every server arg after ServerArgs' defaults, by SGLang's field names."""
         d = self.script.defaults
         args = server_args_dict(self.ns)
+        # the resolved decode-graph batch size, under the played version's field name
+        graph_bs = (
+            "cuda_graph_max_bs" if "cuda_graph_max_bs" in args else "cuda_graph_max_bs_decode"
+        )
         args.update(
             mem_fraction_static=d.mem_fraction_static,
             chunked_prefill_size=d.chunked_prefill_size,
-            cuda_graph_max_bs=d.cuda_graph_max_bs,
+            **{graph_bs: d.cuda_graph_max_bs},
             served_model_name=d.served_model_name,
             tokenizer_path=self.ns.tokenizer_path or self.ns.model_path,
             random_seed=self.ns.random_seed
@@ -243,11 +248,13 @@ class SimServer:
             if self.crash is not None:
                 return self._print_crash(self.crash)
             self.state = "draining"
+            if self.requests:
+                self._draining_line()
             while self.inflight > 0 and self.crash is None:
                 await asyncio.sleep(0.05)
             if self.crash is not None:
                 return self._print_crash(self.crash)
-            self.log("Graceful shutdown complete.")
+            self._draining_line()
             return 0
         finally:
             for task in (loop_task, *self._fault_tasks):
@@ -255,6 +262,14 @@ class SimServer:
             for task in (loop_task, *self._fault_tasks):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    def _draining_line(self) -> None:
+        """SGLang's sigterm_watchdog line (tokenizer_manager.py), as it drains and at the end."""
+        rids = list(self.requests)
+        self.log(
+            f"Gracefully exiting... Remaining number of requests {len(rids)}. "
+            f"Remaining requests remaining_rids={rids!r}."
+        )
 
     def _arm_load_faults(self) -> None:
         """Ready: serving time starts for the faults; one watcher per armed crash/hang-load."""
@@ -281,8 +296,10 @@ class SimServer:
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         stopper.cancel()
+        self.release(st)  # the warm-up is no request the drain should wait for
 
     def _print_crash(self, exc: BaseException) -> int:
+        self.state = "crashed"  # handlers cancelled from here on are the server's, not clients'
         self.log("Scheduler hit an exception: Traceback (most recent call last):", scheduler=True)
         self.log(
             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1118, in event_loop_overlap',
@@ -344,7 +361,7 @@ class SimServer:
         if new > 0:
             if st.first_token_at is None:
                 st.first_token_at = now
-                self.hist.observe("time_to_first_token_seconds", now - st.created)
+                self.hist.observe("time_to_first_token_seconds", now - st.created, st.stream)
             elif st.last_token_at is not None:
                 self.hist.observe("inter_token_latency_seconds", (now - st.last_token_at) / new)
             st.last_token_at = now
@@ -355,7 +372,8 @@ class SimServer:
             st.finished = True
             st.finish_reason = ev.finish_reason
             st.finished_at = now
-            self.hist.observe("e2e_request_latency_seconds", now - st.created)
+            self.hist.observe("e2e_request_latency_seconds", now - st.created, st.stream)
+            self.hist.finished(st.prompt_tokens, st.completion_tokens, st.cached_tokens, st.stream)
         st.event.set()
 
     # --- what the HTTP handlers call -----------------------------------------------------------
@@ -365,7 +383,12 @@ class SimServer:
         return f"{self.rng.getrandbits(128):032x}"
 
     def submit(
-        self, input_ids: list[int], max_new_tokens: int, ignore_eos: bool, rid: str | None = None
+        self,
+        input_ids: list[int],
+        max_new_tokens: int,
+        ignore_eos: bool,
+        rid: str | None = None,
+        stop: Sequence[str] = (),
     ) -> ReqState:
         """Hand one request to the engine; the caller waits on the returned state."""
         rid = rid or self.new_rid()
@@ -377,6 +400,10 @@ class SimServer:
             )
         loop = asyncio.get_running_loop()
         st = ReqState(rid, self.rng.getrandbits(31), len(input_ids), loop.time())
+        if stop:  # stop strings apply with ignore_eos too; the generated text is known ahead
+            st.stop = tokens.first_stop(st.seed, max_new_tokens, stop)
+            if st.stop is not None and (stop_after is None or st.stop[0] < stop_after):
+                stop_after = st.stop[0]
         # output_seed: the engine caches the answer under the ids its text re-encodes to (multi-turn)
         self.engine.add_request(
             rid, input_ids, max_new_tokens, stop_after, output_seed=st.seed
@@ -390,6 +417,12 @@ class SimServer:
         while not st.finished:
             await st.event.wait()
             st.event.clear()
+
+    def abort(self, rid: str) -> None:
+        """/abort_request: the engine ends the request with an abort at its next step."""
+        if rid in self.requests and self.engine is not None and self.crash is None:
+            self.engine.abort(rid)
+            self.work.set()
 
     def release(self, st: ReqState) -> None:
         """Forget a request; abort it in the engine if the client left before it finished."""
@@ -407,6 +440,8 @@ class SimServer:
         self.inflight += 1
         try:
             resp = await handler(request)
+        except ConnectionResetError:  # the client left mid-request: SGLang aborts it quietly
+            return web.Response(status=499)  # never sent: the connection is gone
         finally:
             self.inflight -= 1
         if self.state != "starting" and path not in ("/health", "/metrics"):

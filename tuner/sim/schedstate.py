@@ -70,6 +70,7 @@ class SchedState:
         self.shrunk = False  # requests left the running batch since the last prefill attempt
         self.dead = False  # a prefill OOM killed the server
         self.clock = 0.0  # virtual seconds
+        self.prefill_logged_at = 0.0  # when the last Prefill batch line was written (0.5.23)
         self.retracted_last = 0  # requests the last decode step retracted
         self.track_times = False  # record token times (run_closed_loop)
 

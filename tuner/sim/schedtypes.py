@@ -38,6 +38,7 @@ class EngineParams:
     max_queued_requests: int | None = None
     seed: int = 0
     cuda_graph_max_bs: int | None = None  # decode batches above it run without CUDA graphs
+    log_version: str = "0.5.6.post2"  # whose Prefill/Decode batch line format to write
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from tuner import capacity
 from tuner.capacity import GB, GIB
 from tuner.sglang.defaults import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
+from tuner.sglang.flags import DEFAULT_VERSION
+from tuner.sim import loglines
 from tuner.sim.profile import Profile
 
 EXIT_CHILD_FAILED = 137  # SGLang's parent SIGKILLs its tree when a child dies: 128 + 9
@@ -344,7 +346,9 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
         context_len=d.context_len,
     )
     phases: list[Phase] = []
-    failure = _load_model(profile, plan, phases) or _capture_graphs(ns, profile, plan, phases)
+    failure = _load_model(ns, profile, plan, phases) or _capture_graphs(
+        ns, profile, plan, phases, d.cuda_graph_max_bs
+    )
     if failure is not None:
         return Script(tuple(phases), failure, plan, None, d)
     hc: HiCachePlan | None = None
@@ -378,21 +382,27 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
     return Script(tuple(phases), None, plan, hc, d)
 
 
-def _load_model(profile: Profile, plan: MemoryPlan, phases: list[Phase]) -> Failure | None:
+def _load_model(
+    ns: argparse.Namespace, profile: Profile, plan: MemoryPlan, phases: list[Phase]
+) -> Failure | None:
     """Weights, then the KV pool: their log lines, or the failure that ends start-up there."""
     total = profile.gpu_mem_mib / 1024
+    version = played_version(ns)
+    dtype = profile.model_dtype()
     phases.append(_phase(0.02, f"Load weight begin. avail mem={plan.free0_gib:.2f} GB"))
     if plan.verdict == "weights_oom":
         oom = _cuda_oom(plan.weights_gib / 10, total, plan.free0_gib * 0.05)
         return _scheduler_crash(0.3, (oom,))
-    phases.append(
-        _phase(
-            0.6,
-            f"Load weight end. type={profile.architecture}, dtype={profile.model_dtype()}, "
-            f"avail mem={plan.avail_after_weights_gib:.2f} GB, "
-            f"mem usage={plan.weights_gib:.2f} GB.",
-        )
+    elapsed = profile.startup_s * 0.55  # the weights take most of a start-up
+    weights_line = loglines.load_weight_end(
+        version,
+        elapsed,
+        profile.architecture,
+        dtype,
+        plan.avail_after_weights_gib,
+        plan.weights_gib,
     )
+    phases.append(_phase(0.6, weights_line))
     if plan.verdict == "not_enough_memory":
         exc = (
             "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
@@ -402,51 +412,44 @@ def _load_model(profile: Profile, plan: MemoryPlan, phases: list[Phase]) -> Fail
     if plan.verdict == "kv_oom":
         free = plan.avail_after_weights_gib - plan.other_gib - plan.req_to_token_gib
         return _scheduler_crash(0.62, (_cuda_oom(plan.kv_gib, total, free),))
-    pool = f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}"
-    if plan.kv_kind == "mla":
-        kv_line = f"{pool}, KV size: {plan.kv_gib:.2f} GB"
-    else:
-        half = plan.kv_gib / 2
-        kv_line = f"{pool}, K size: {half:.2f} GB, V size: {half:.2f} GB"
+    kv_dtype = loglines.KV_TORCH_DTYPE.get(ns.kv_cache_dtype, dtype)
+    mla = plan.kv_kind == "mla"
+    kv_line = loglines.kv_allocated(version, kv_dtype, plan.max_total_num_tokens, mla, plan.kv_gib)
     after_pool = plan.avail_after_kv_gib - plan.req_to_token_gib
     phases.append(_phase(0.65, kv_line, f"Memory pool end. avail mem={after_pool:.2f} GB"))
     return None
 
 
 def _capture_graphs(
-    ns: argparse.Namespace, profile: Profile, plan: MemoryPlan, phases: list[Phase]
+    ns: argparse.Namespace, profile: Profile, plan: MemoryPlan, phases: list[Phase], max_bs: int
 ) -> Failure | None:
     """CUDA graph capture: its log lines, or the out-of-memory failure of too high an mfs."""
     total = profile.gpu_mem_mib / 1024
     after_pool = plan.avail_after_kv_gib - plan.req_to_token_gib
+    version = played_version(ns)
     if not ns.disable_cuda_graph:
-        phases.append(
-            _phase(
-                0.7,
-                "Capture cuda graph begin. This can take up to several minutes. "
-                f"avail mem={after_pool:.2f} GB",
-            )
-        )
+        phases.append(_phase(0.7, loglines.graph_begin(version, after_pool)))
     if plan.verdict == "graph_oom":
         tried = max(plan.graph_gib - after_pool, 0.01) + plan.graph_gib / 4
         exc = (
             "Exception: Capture cuda graph failed: CUDA out of memory. "
             f"Tried to allocate {tried:.2f} GiB. GPU 0 has a total capacity of {total:.2f} GiB "
             f"of which {max(after_pool, 0) * 1024:.2f} MiB is free.",
-            *GRAPH_ADVICE,
+            *loglines.graph_advice(version, GRAPH_ADVICE),
         )
         return _scheduler_crash(0.85, exc)
     if not ns.disable_cuda_graph:
         elapsed = profile.startup_s * 0.2
-        phases.append(
-            _phase(
-                0.85,
-                f"Capture cuda graph end. Time elapsed: {elapsed:.2f} s. "
-                f"mem usage={plan.graph_gib:.2f} GB. "
-                f"avail mem={plan.available_gpu_mem_gib:.2f} GB.",
-            )
+        line = loglines.graph_end(
+            version, max_bs, elapsed, plan.graph_gib, plan.available_gpu_mem_gib
         )
+        phases.append(_phase(0.85, line))
     return None
+
+
+def played_version(ns: argparse.Namespace) -> str:
+    """The SGLang version the simulator plays (`--sim-sglang-version`)."""
+    return getattr(ns, "sim_sglang_version", None) or DEFAULT_VERSION
 
 
 def bind_error_line(host: str, port: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tuner.sim.oaishapes import newer
+
 
 class Counters:
     """Lifetime counters (Prometheus `*_total`): they survive flush_cache."""
@@ -54,25 +56,45 @@ class DecodeMeter:
 
 
 def prefill_line(
-    new_seq: int, new_token: int, cached: int, usage: float, running: int, queued: int
+    new_seq: int,
+    new_token: int,
+    cached: int,
+    usage: float,
+    running: int,
+    queued: int,
+    version: str = "0.5.6.post2",
+    pending: int = 0,
+    input_throughput: float = 0.0,
 ) -> str:
-    """SGLang's log line for a prefill batch."""
-    return (
+    """SGLang's log line for a prefill batch (0.5.23 adds pending tokens and throughput)."""
+    line = (
         f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, "
         f"#cached-token: {cached}, token usage: {usage:.2f}, "
         f"#running-req: {running}, #queue-req: {queued},"
     )
+    if newer(version):
+        line += (
+            f" #pending-token: {pending}, cuda graph: False, "
+            f"input throughput (token/s): {input_throughput:.2f}"
+        )
+    return line
 
 
 def decode_line(
-    running: int, used: int, usage: float, cuda_graph: bool, gen_throughput: float, queued: int
+    running: int,
+    used: int,
+    usage: float,
+    cuda_graph: bool,
+    gen_throughput: float,
+    queued: int,
+    version: str = "0.5.6.post2",
 ) -> str:
     """SGLang's log line for a decode step (every `--decode-log-interval` steps)."""
     return (
         f"Decode batch, #running-req: {running}, #token: {used}, "
         f"token usage: {usage:.2f}, cuda graph: {cuda_graph}, "
         f"gen throughput (token/s): {gen_throughput:.2f}, "
-        f"#queue-req: {queued},"
+        f"#queue-req: {queued}" + ("" if newer(version) else ",")
     )
 
 

@@ -155,7 +155,10 @@ class VirtualServer:
             srv.log(
                 "SIGTERM received. signum=None frame=None. Draining requests and shutting down..."
             )
-            srv.log("Graceful shutdown complete.")
+            # SGLang's sigterm_watchdog line once nothing is left (realtime.py writes the same)
+            srv.log(
+                "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]."
+            )
         self._srv = self.process = None
         self._death = None
         return 0.0
