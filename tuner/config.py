@@ -141,6 +141,7 @@ class ParamSpec(Model):
     #: only sampled when every named parameter matches: a value, a list of values, or a
     #: comparison such as {gt: 0}
     when: dict[str, Scalar | list[Scalar] | dict[Comparison, float]] | None = None
+    search: Literal["inner", "joint"] | None = None  # concurrency only: see tuner/innertrial.py
 
     @model_validator(mode="after")
     def _shape(self) -> ParamSpec:
@@ -176,11 +177,8 @@ class ParamSpec(Model):
         if self.choices is not None:
             return "categorical"
         bounds = [v for v in (self.low, self.high, self.step) if v is not None]
-        return (
-            "int"
-            if bounds and all(float(v).is_integer() for v in bounds) and self.step != 0
-            else "float"
-        )
+        integer = bounds and all(float(v).is_integer() for v in bounds) and self.step != 0
+        return "int" if integer else "float"
 
 
 class WorkloadSection(Model):
@@ -311,6 +309,7 @@ class BudgetSection(Model):
     #: after a new server measures, try this many neighbouring concurrencies on it (no restart):
     #: up by 1.5x while the SLOs hold, down by 1.5x when they are missed
     concurrency_probes: int = Field(1, ge=0, le=4)
+    inner_runs: int = Field(5, ge=1, le=20)  # load runs per server in the inner search
 
     @field_validator("timeout", "trial_timeout", mode="before")
     @classmethod

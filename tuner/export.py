@@ -15,12 +15,13 @@ from typing import Any
 
 import optuna
 
+from tuner.check.flagset import version_problems
 from tuner.config import StudyConfig
 from tuner.errors import TunerError
 from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
 from tuner.results import best_trial, completed, feasible_trials, server_info_of
 from tuner.space import client_params, server_flags, tidy_params
-from tuner.trial import Attr
+from tuner.trial import Attr, full_params
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 SERVER_FACTS = (
@@ -53,7 +54,8 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
         )
     metrics = trial.user_attrs.get(Attr.METRICS) or {}
     info = server_info_of(study, trial)
-    params = tidy_params(trial.params, trial.distributions)
+    # inner search: the concurrency it chose on the winner's server is the recommended client
+    params = tidy_params(full_params(trial.params, trial.user_attrs), trial.distributions)
     data = {
         "study": cfg.study,
         "trial": trial.number,
@@ -69,6 +71,9 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
         "completed_trials": len(completed(study)),
         "exported_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    # flags the winner's SGLang version would refuse (a version without a table: none judged)
+    if warnings := version_problems(data["flags"], data["server"].get("version")):
+        data["warnings"] = warnings
     if cfg.objective.pareto_latency:
         data["pareto_front"] = [
             {
@@ -110,6 +115,7 @@ def render_yaml(data: dict[str, Any]) -> str:
         + (f"GPU {server['gpu']}" if "gpu" in server else "GPU not reported (no nvidia-smi)")
     )
     header.append(f"exported {data['exported_at']}; --api-key, if any, goes on the command line")
+    header += [f"WARNING: {w}" for w in data.get("warnings", ())]
     header.append("")
     return render_sglang_yaml(data["flags"], header)
 

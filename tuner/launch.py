@@ -11,6 +11,7 @@ script file (`script`) that execs the server, instead of `env K=V` on its comman
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -150,6 +151,14 @@ def build_launch(
         flags=public,
         secret_flags=secret,
     )
+
+
+def server_log_path(workdir: str | None, study: str, number: int, trial_dir: str) -> str:
+    """Where trial `number`'s server writes its log on the host. The tag, a hash of the trial's
+    local dir (unique per runs dir), keeps two runs of same-named studies sharing a host (two
+    users, two checkouts, tests side by side) from overwriting each other's log and script."""
+    tag = hashlib.sha256(trial_dir.encode()).hexdigest()[:8]
+    return f"{workdir or '/tmp'}/tuner-{study}-trial{number}-{tag}.log"
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:

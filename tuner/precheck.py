@@ -1,8 +1,11 @@
 """Before a restart: reject what certainly cannot start, with a reason. Pure.
 
 Knowledge grows during a study: the first successful start calibrates the KV pool (tokens at an
-mfs), and every CUDA-graph capture failure marks the mfs above which the same memory flags fail.
-Only certain failures are rejected; anything doubtful is left to measurement.
+mfs), every CUDA-graph capture failure marks the mfs above which the same memory flags fail, a
+"Not enough memory" start the mfs at or below which they fail, and a death under load (a prefill
+out of memory) at mfs m and concurrency c that higher m with the same flags dies at c or more
+(less headroom, same prefills). Only certain failures are rejected; anything doubtful is left
+to measurement.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class Knowledge:
 
     calibration: tuple[int, float] | None = None  # (max_total_num_tokens, mfs) seen on a real start
     graph_failures: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
+    #: (memory key, mfs, trial): "Not enough memory" there, so at any lower mfs too
+    floors: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
+    #: (memory key, mfs, concurrency, trial): died under load there
+    deaths: tuple[tuple[tuple, float, int, int], ...] = field(default_factory=tuple)
 
     def with_start(self, tokens: int, mfs: float) -> Knowledge:
         return self if self.calibration else replace(self, calibration=(tokens, mfs))
@@ -62,6 +69,25 @@ class Knowledge:
         mfs = normalize_flags(flags).get("mem-fraction-static", 0)
         entry = (memory_key(flags), float(mfs or 0), trial)
         return replace(self, graph_failures=(*self.graph_failures, entry))
+
+    def with_floor(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
+        entry = (memory_key(flags), _mfs(flags), trial)
+        return replace(self, floors=(*self.floors, entry))
+
+    def with_death(self, flags: Mapping[str, Any], concurrency: int, trial: int) -> Knowledge:
+        entry = (memory_key(flags), _mfs(flags), int(concurrency), trial)
+        return replace(self, deaths=(*self.deaths, entry))
+
+    def death_cap(self, flags: Mapping[str, Any]) -> int | None:
+        """The lowest concurrency at which a server like this one (same memory flags, mfs no
+        higher) died under load, or None."""
+        key, mfs = memory_key(flags), _mfs(flags)
+        caps = [c for k, m, c, _ in self.deaths if k == key and mfs >= m]
+        return min(caps) if caps else None
+
+
+def _mfs(flags: Mapping[str, Any]) -> float:
+    return float(normalize_flags(flags).get("mem-fraction-static") or 0)
 
 
 @dataclass(frozen=True)
@@ -104,20 +130,15 @@ def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) ->
     return cap.pool_tokens(float(mfs), free0, fixed, hw.bytes_per_token)
 
 
-def precheck(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> Verdict:
-    """Judge the full flag set (fixed + trial's) before spending a restart on it."""
+def precheck(
+    flags: Mapping[str, Any], hw: Hardware, know: Knowledge, concurrency: int | None = None
+) -> Verdict:
+    """Judge the full flag set (fixed + trial's) before spending a restart on it; `concurrency`:
+    the least the trial will load it with (None: unknown, deaths under load are not judged)."""
     flags = normalize_flags(flags)  # as SGLang reads them: `mem-frac` is --mem-fraction-static
     mfs = flags.get("mem-fraction-static")
-    if mfs is not None:
-        key = memory_key(flags)
-        for failed_key, failed_mfs, trial in know.graph_failures:
-            if failed_key == key and float(mfs) >= failed_mfs:
-                return Verdict(
-                    False,
-                    f"mem-fraction-static {float(mfs):g} >= {failed_mfs:g}, which failed CUDA-graph "
-                    f"capture with the same memory flags (trial {trial})",
-                    "oom_cuda_graph",
-                )
+    if mfs is not None and (learned := _learned(flags, float(mfs), know, concurrency)):
+        return learned
     tokens = projected_tokens(flags, hw, know)
     if tokens is not None and tokens <= 0:
         return Verdict(
@@ -139,6 +160,39 @@ def precheck(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> Verdict
         # without the model's bytes per token only the host-RAM half of the rule is known
         return Verdict(False, f"hicache-size {size}: {problem}", "host_memory")
     return Verdict(True)
+
+
+def _learned(
+    flags: Mapping[str, Any], mfs: float, know: Knowledge, concurrency: int | None
+) -> Verdict | None:
+    """What earlier failures with the same memory flags say of this mfs, or None."""
+    key = memory_key(flags)
+    for failed_key, failed_mfs, trial in know.graph_failures:
+        if failed_key == key and mfs >= failed_mfs:
+            return Verdict(
+                False,
+                f"mem-fraction-static {mfs:g} >= {failed_mfs:g}, which failed CUDA-graph "
+                f"capture with the same memory flags (trial {trial})",
+                "oom_cuda_graph",
+            )
+    for failed_key, failed_mfs, trial in know.floors:
+        if failed_key == key and mfs <= failed_mfs:
+            return Verdict(
+                False,
+                f"mem-fraction-static {mfs:g} <= {failed_mfs:g}, which had not enough memory "
+                f"for the KV pool with the same memory flags (trial {trial})",
+                "not_enough_memory",
+            )
+    for failed_key, failed_mfs, died_at, trial in know.deaths:
+        if failed_key == key and mfs >= failed_mfs and concurrency and concurrency >= died_at:
+            return Verdict(
+                False,
+                f"mem-fraction-static {mfs:g} >= {failed_mfs:g} at concurrency {concurrency} >= "
+                f"{died_at}: the server died under load there with the same memory flags and "
+                f"workload (trial {trial})",
+                "oom_runtime",
+            )
+    return None
 
 
 def hicache_ram_problem(size_gb: float, host_ram_bytes: float, tp: int, dp: int) -> str | None:

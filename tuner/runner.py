@@ -50,13 +50,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tuner.bench_names import trial_run_keys
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, TrialTimeout
-from tuner.launch import LaunchSpec, build_launch, redact_argv
+from tuner.innertrial import InnerSearch, died_at, inner_mode
+from tuner.launch import LaunchSpec, build_launch, redact_argv, server_log_path
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import goodput
 from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.progress import PhaseChanged
 from tuner.sglang.failures import FailureClass, is_config_failure
-from tuner.sglang.flags import version_hint
+from tuner.sglang.flags import normalize_flags, version_hint
 from tuner.space import canonical, client_params, server_flags
 from tuner.trial import Status, TrialOutcome, failed_outcome, measured_outcome
 
@@ -149,6 +150,8 @@ class TrialRunner:
         self.launch_template = list(launch_template or cfg.target.launch)
         self.clock, self.sleep = clock, sleep
         self._running_key: str | None = None  # canonical server flags of the live server
+        self.pool: int | None = None  # the live server's KV pool (max_total_num_tokens)
+        self.inner = InnerSearch(cfg) if inner_mode(cfg) else None  # concurrency on a server
         self.reuses = 0
         #: the phase the current (or last) trial reached; one of PHASES
         self.phase = "done"
@@ -186,7 +189,7 @@ class TrialRunner:
         self._logged = None
         flags = self.flags_for(params)
         objective = self.cfg.objective
-        verdict = precheck(flags, self.hardware, self.knowledge)
+        verdict = precheck(flags, self.hardware, self.knowledge, self._least_concurrency(params))
         if not verdict.feasible:
             self._enter("done", check=False)
             return failed_outcome(
@@ -210,12 +213,34 @@ class TrialRunner:
                 info["replaced"] = replaced
         else:
             self.reuses += 1
+
+        def measure(p: Mapping[str, Any], where: Path) -> TrialOutcome:
+            return self.measure(p, flags, info, restarted, where)
+
+        if self.inner is not None and "concurrency" not in params:
+            cap = self.knowledge.death_cap(flags)
+            args = (self.pool, cap, self._left, self.clock)
+            outcome = self.inner.run(params, trial_dir, measure, *args)
+        else:
+            outcome = measure(params, trial_dir)
+        self._learn_death(outcome, flags, params)
+        self._enter("done", check=False)
+        return outcome
+
+    def measure(
+        self,
+        params: Mapping[str, Any],
+        flags: Mapping[str, Any],
+        info: dict[str, Any],
+        restarted: bool,
+        trial_dir: Path,
+    ) -> TrialOutcome:
+        """One load run on the live server at `params`' client side, judged."""
+        trial_dir.mkdir(parents=True, exist_ok=True)
         load = self._load(params)
         self._enter("scoring")
         keys = trial_run_keys(self.cfg.workload, client_params(params))
-        outcome = self._judge(load, flags, info, restarted, trial_dir, keys)
-        self._enter("done", check=False)
-        return outcome
+        return self._judge(load, flags, info, restarted, trial_dir, keys)
 
     def stop(self) -> None:
         self._running_key = None
@@ -371,7 +396,7 @@ class TrialRunner:
         )
         (trial_dir / "launch.txt").write_text(" ".join(redact_argv(spec.argv)) + "\n")
         self._running_key = None
-        log = f"{target.workdir or '/tmp'}/tuner-{self.cfg.study}-trial{number}.log"
+        log = server_log_path(target.workdir, self.cfg.study, number, str(trial_dir.resolve()))
 
         def launched(pgid: int) -> None:
             # the record first: a kill right after must still find the group
@@ -383,6 +408,7 @@ class TrialRunner:
         self._save_log(trial_dir)
         if result.ok:
             self._running_key = canonical(flags)
+            self.pool = result.max_total_num_tokens
             self._learn_start(result)
         elif result.failure == FailureClass.BAD_FLAG:
             raise rejected_flags(self.cfg, result)
@@ -407,8 +433,34 @@ class TrialRunner:
             self.knowledge = self.knowledge.with_start(int(tokens), float(mfs))
 
     def _learn_failure(self, failure: str | None, flags: Mapping[str, Any], number: int) -> None:
-        if failure == FailureClass.OOM_CUDA_GRAPH and "mem-fraction-static" in flags:
+        if "mem-fraction-static" not in normalize_flags(flags):
+            return  # SGLang's own default: nothing to bound
+        if failure == FailureClass.OOM_CUDA_GRAPH:
             self.knowledge = self.knowledge.with_graph_failure(flags, number)
+        elif failure == FailureClass.NOT_ENOUGH_MEMORY:
+            self.knowledge = self.knowledge.with_floor(flags, number)
+
+    def _learn_death(
+        self, outcome: TrialOutcome, flags: Mapping[str, Any], params: Mapping[str, Any]
+    ) -> None:
+        """A death under load with SGLang's evidence (a prefill out of memory) at mfs m and
+        concurrency c: servers with the same memory flags and mfs >= m die at c or more."""
+        c = died_at(outcome, params)
+        if (
+            c is not None
+            and "mem-fraction-static" in normalize_flags(flags)
+            and self.number is not None
+        ):
+            self.knowledge = self.knowledge.with_death(flags, c, self.number)
+
+    def _least_concurrency(self, params: Mapping[str, Any]) -> int | None:
+        """The least concurrency this trial loads its server with (inner: the range's low)."""
+        if "concurrency" in params:
+            return int(params["concurrency"])
+        spec = self.cfg.space.get("concurrency")
+        if inner_mode(self.cfg) and spec is not None and spec.low is not None:
+            return int(spec.low)
+        return None
 
     def _save_log(self, trial_dir: Path) -> None:
         # a missing log is evidence lost, not a reason to fail the trial

@@ -21,6 +21,7 @@ from optuna.distributions import (
 )
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig
+from tuner.innertrial import search_mode
 from tuner.precheck import parallel_sizes
 from tuner.scorename import OLD_METRIC_NAMES
 from tuner.sglang.defaults import launch_defaults
@@ -199,8 +200,12 @@ def fingerprint(cfg: StudyConfig) -> dict[str, str]:
     """Hashes of what makes trial results comparable; resuming with any of them changed is refused."""
     # flags under SGLang's canonical names: `tp: 8` and `tensor-parallel-size: 8` are one study
     space = cfg.model_dump(include={"space"}, mode="json")
+    for spec in space["space"].values():
+        spec.pop("search", None)  # hashed below as the mode it means, so unset == its default
     parts = {
-        "space": {"space": normalize_flags(space["space"])},
+        "space": {"space": normalize_flags(space["space"])}
+        # studies from before the inner search (joint, the only mode then) keep their hash
+        | ({"concurrency": "inner"} if search_mode(cfg) == "inner" else {}),
         "server": normalize_flags(cfg.server),
         "workload": cfg.workload.model_dump(mode="json"),
         "objective": _objective_as_hashed(cfg),

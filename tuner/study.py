@@ -18,6 +18,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, StudyMismatchError
+from tuner.innertrial import sampled_space
 from tuner.space import distributions, fingerprint
 from tuner.yamlfile import special_file
 
@@ -238,7 +239,7 @@ def _grid(cfg: StudyConfig) -> dict[str, list[Any]]:
     """Every searched parameter's grid: its choices, its steps, or `sampler.grid_points` points
     spread over the range (on the log scale for a log range, e.g. a log-spaced concurrency)."""
     grid: dict[str, list[Any]] = {}
-    for name, dist in distributions(cfg.space).items():
+    for name, dist in distributions(sampled_space(cfg)).items():
         if isinstance(dist, optuna.distributions.CategoricalDistribution):
             grid[name] = list(dist.choices)
         elif getattr(dist, "step", None) and not getattr(dist, "log", False):

@@ -27,8 +27,9 @@ from tuner.capacity import GB
 from tuner.config import CLIENT_PARAMS, MAX_CONCURRENCY, MAX_TOKENS, ParamSpec, StudyConfig
 from tuner.container import target_problem
 from tuner.errors import ConfigError, TunerError
+from tuner.innertrial import mode_problem
 from tuner.precheck import hicache_ram_problem, parallel_sizes
-from tuner.sglang.flags import canonical_flag, flags_for
+from tuner.sglang.flags import KNOWN_VERSIONS, canonical_flag, flags_for
 from tuner.sglang.tables import STORE_TRUE, Flag
 from tuner.space import ordered
 
@@ -81,6 +82,8 @@ def check_study(cfg: StudyConfig) -> None:
         raise ConfigError(str(exc).removeprefix("space: "), file=cfg.source, key="space") from None
     for name, value in (cfg.baseline or {}).items():
         _raise_if(cfg, f"baseline.{name}", _baseline_problem(value, cfg.space[name]))
+    if (inner := mode_problem(cfg)) is not None:
+        _raise_if(cfg, *inner)
     _check_workload(cfg)
     _check_host_ram(cfg)
     if cfg.target.container is not None:
@@ -94,7 +97,17 @@ def _raise_if(cfg: StudyConfig, key: str, problem: str | None) -> None:
 
 def _flag(name: str, table: Mapping[str, Flag]) -> Flag | None:
     canonical = canonical_flag(name)
-    return table.get(canonical) if canonical else None
+    return table.get(canonical) if canonical else _newer_flag(name)
+
+
+def _newer_flag(name: str) -> Flag | None:
+    """The flag a newer SGLang than the default table's knows by that name (`enable-hicache`,
+    `cuda-graph-max-bs-decode`): the study may target it; `tuner check` and the export judge
+    the host's own version."""
+    for version in reversed(KNOWN_VERSIONS[1:]):
+        if (canonical := canonical_flag(name, version)) is not None:
+            return flags_for(version)[canonical]
+    return None
 
 
 def is_secret(name: str) -> bool:
@@ -129,7 +142,7 @@ def _check_name(
                 key=key,
             )
         return
-    if canonical is not None or name in unchecked:
+    if canonical is not None or name in unchecked or _newer_flag(name) is not None:
         return
     near = difflib.get_close_matches(name, [*table, *CLIENT_PARAMS], n=1, cutoff=0.8)
     hint = f"did you mean {near[0]}? " if near else ""

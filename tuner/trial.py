@@ -103,6 +103,8 @@ class Attr(StrEnum):
     PROBE_OF = "probe_of"  # a neighbouring concurrency on the server this trial started
     PROBES_LEFT = "probes_left"
     BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
+    LOAD_POINTS = "load_points"  # the inner search's load runs on its server (reportruns.py)
+    CLIENT = "inner_client"  # the client params the inner search chose (its best point's)
 
 
 #: the attributes an outcome writes; copied as a whole when a duplicate is answered
@@ -115,6 +117,11 @@ OUTCOME_ATTRS = (
     Attr.RESTARTED,
     Attr.LAUNCHED,
 )
+
+
+def full_params(params: Mapping[str, Any], attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's params plus the client params its inner search chose (none in joint mode)."""
+    return {**params, **(attrs.get(Attr.CLIENT) or {})}
 
 
 def is_feasible(constraints: Mapping[str, float]) -> bool:
@@ -136,6 +143,8 @@ class TrialOutcome:
     restarted: bool = False
     launched: bool = False
     flags: Mapping[str, Any] = field(default_factory=dict)
+    points: tuple[Mapping[str, Any], ...] = ()  # the inner search's load runs (innertrial.py)
+    client: Mapping[str, Any] = field(default_factory=dict)  # the inner search's best
 
     @property
     def feasible(self) -> bool:
@@ -155,6 +164,9 @@ class TrialOutcome:
         }
         if self.status.measured:
             attrs.update(metric_attrs(self.metrics))
+        if self.points:
+            attrs[Attr.LOAD_POINTS] = _json_safe(list(self.points))
+            attrs[Attr.CLIENT] = dict(self.client) or None
         pool = self.server_info.get(POOL_ATTR)
         if _number(pool):
             attrs[POOL_ATTR] = pool

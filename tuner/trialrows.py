@@ -22,7 +22,7 @@ from rich.text import Text
 from tuner.config import StudyConfig
 from tuner.results import best_trial
 from tuner.space import tidy_params
-from tuner.trial import METRIC_ATTRS, POOL_ATTR, Attr, Status, is_feasible, score_of
+from tuner.trial import METRIC_ATTRS, POOL_ATTR, Attr, Status, full_params, is_feasible, score_of
 
 #: the run's figures a row carries (None unless the trial was measured): the trial record's own
 FIGURES = METRIC_ATTRS
@@ -62,7 +62,8 @@ def trial_rows(cfg: StudyConfig, study: optuna.Study) -> list[dict[str, Any]]:
         started = (a.get(Attr.SERVER_INFO) or {}).get(POOL_ATTR)
         if started is not None:
             pool = started
-        raw = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+        # inner mode: the concurrency the trial's search chose, as if it had been sampled
+        raw = full_params(dict(t.params) or dict(t.system_attrs.get("fixed_params") or {}), a)
         reason = a.get(Attr.REASON) or a.get(Attr.INFRA_ERROR) or ""
         if a.get(Attr.DUPLICATE_OF) is not None:
             reason = f"same config as #{a[Attr.DUPLICATE_OF]}" + (f": {reason}" if reason else "")

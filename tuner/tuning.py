@@ -46,6 +46,7 @@ from tuner.errors import (
     StudyMismatchError,
     TrialTimeout,
 )
+from tuner.innertrial import sampled_space
 from tuner.progress import TrialStarted
 from tuner.results import CONFIRM_ATTR, completed, measured_before, top_trials
 from tuner.runner import TrialRunner
@@ -59,6 +60,7 @@ from tuner.trial import (
     Status,
     TrialOutcome,
     failed_outcome,
+    full_params,
     named_constraints,
 )
 
@@ -74,6 +76,8 @@ DUPLICATE_ATTRS = (
     Attr.FAILURE,
     *METRIC_ATTRS,
     POOL_ATTR,
+    Attr.LOAD_POINTS,
+    Attr.CLIENT,
 )
 
 #: the one place an outcome becomes an optuna state: FAIL teaches the sampler nothing
@@ -200,10 +204,10 @@ class Tuning:
         if self.study.trials:
             return
         if self.cfg.baseline:
-            params = active_params(self.cfg.baseline, self.cfg.space)
+            params = active_params(self.cfg.baseline, sampled_space(self.cfg))
         else:
             params = sglang_defaults(self.cfg, gpu_mem_mib)
-        space = self.cfg.space
+        space = sampled_space(self.cfg)
         partial = any(n not in params and condition_holds(s.when, params) for n, s in space.items())
         if partial and isinstance(self.study.sampler, optuna.samplers.GridSampler):
             return  # the grid sampler takes an enqueued trial only whole: its own cells run
@@ -248,7 +252,7 @@ class Tuning:
     def objective(self, trial: Trial) -> float | tuple[float, ...]:
         """optuna's objective: sample, dedupe, run under the trial's deadline, report."""
         trial.set_user_attr(Attr.WORKER, self.worker)  # first: a zombie must name its owner
-        params = sample(trial, self.cfg.space)
+        params = sample(trial, sampled_space(self.cfg))
         if self.on_progress is not None:
             self.on_progress(TrialStarted(trial.number, dict(params)))
         earlier = measured_before(self.study, params, trial.number)
@@ -428,7 +432,7 @@ class Tuning:
             with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
                 outcome = self.runner.run(
                     t.number,
-                    dict(t.params),
+                    full_params(t.params, t.user_attrs),  # inner: at its chosen concurrency
                     self.trials_dir / f"{t.number}-confirm{n}",
                     on_start=self._record_server,
                     deadline=self.runner.clock() + limit,

@@ -1,7 +1,8 @@
 """Sample efficiency of the study loop, in virtual time (not CI).
 
 Run: `python tests/bench/bench_search.py` (every case, 10 seeds, up to 40 restarts; `--help`
-for fewer) or `pytest -m bench tests/bench/bench_search.py -s` (the demo, 3 seeds, 15 restarts).
+for fewer; `--cache DIR` keeps each case's brute force between runs) or
+`pytest -m bench tests/bench/bench_search.py -s` (the demo, 3 seeds, 15 restarts).
 
 Each study runs the tuner's own loop (`api.tune` with `virtual_seams`: sampler, pre-check,
 reuse, probes, storage all real) until it has spent the restart budget. Its pick after N
@@ -13,9 +14,12 @@ between the neighbours of every cell within 10% of the best; a study's pick that
 is the optimum then). Confirmation runs are off: the curves compare
 what each strategy's search found, not the re-runs after it.
 
-Strategies: `default` (the study file as configured: its sampler, baseline, concurrency probes),
-`tpe` (TPE, no baseline, no probes), `random`, `grid` (`sampler: grid`, log ranges on the log
-scale). Tables: median and worst best/optimum at each budget; restarts and load runs spent;
+Strategies: `default` (the study file as configured with tuner's defaults: its sampler and
+baseline, concurrency searched on each running server by the inner search), `tpe` (TPE without
+the inner search: concurrency sampled with the server flags, no baseline, no probes), `random`,
+`grid` (`sampler: grid`, log ranges on the log scale); these three sample concurrency jointly,
+as the samplers alone would. A trial of the inner search is one restart and several load runs;
+its pick carries the concurrency its search chose. Tables: median and worst best/optimum at each budget; restarts and load runs spent;
 wasted restarts (failed starts, deaths) and what the pre-check caught (and whether it ever
 rejected a feasible configuration); the run-to-run noise of one configuration at 6, 15, 30 s.
 """
@@ -26,6 +30,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import hashlib
 import json
 import math
 import os
@@ -56,7 +61,7 @@ from tuner.space import active_params, canonical, client_params, distributions, 
 from tuner.study import range_points  # noqa: E402
 from tuner.studyfile import parse_study  # noqa: E402
 from tuner.target import Launch  # noqa: E402
-from tuner.trial import Attr, Status, measured_outcome, objective_values  # noqa: E402
+from tuner.trial import Attr, Status, full_params, measured_outcome, objective_values  # noqa: E402
 
 pytestmark = pytest.mark.bench
 
@@ -98,6 +103,7 @@ def tight() -> dict[str, Any]:
     # long answers: the running batch, not the prefill, fills the ~100k-token pool
     d["workload"].update(output_len=1024, duration_s=30)
     d["objective"]["slo"]["p99_ttft_ms"] = 8000
+    d["budget"]["trial_timeout"] = "10m"  # every load run of a trial's inner search fits
     d["hardware"] = {"model_config": "llama-3.1-8b", "gpu_mem_mib": 32607, "host_ram_gb": 128}
     return d
 
@@ -168,9 +174,15 @@ CASES = {
 }
 
 
+#: `--inner-runs`: the default strategy's budget.inner_runs (None: the study file's or tuner's)
+INNER_RUNS: list[int | None] = [None]
+
+
 def strategy_data(case: str, strategy: str) -> dict[str, Any]:
     """The case's study file as this strategy runs it (confirmation off: see the docstring)."""
     d = copy.deepcopy(CASES[case].build())
+    if INNER_RUNS[0] is not None:
+        d.setdefault("budget", {})["inner_runs"] = INNER_RUNS[0]
     d["study"] = f"{d['study']}-{strategy}"
     d.setdefault("budget", {})["confirm_top"] = 0
     d["budget"]["n_trials"] = 1000  # the restart budget ends the study
@@ -180,6 +192,8 @@ def strategy_data(case: str, strategy: str) -> dict[str, Any]:
         d["budget"]["concurrency_probes"] = 0
         sampler = d.setdefault("sampler", {})
         sampler["name"] = strategy
+        # the samplers alone, as before the inner search: concurrency is one more parameter
+        d["space"]["concurrency"]["search"] = "joint"
     return d
 
 
@@ -207,6 +221,7 @@ class Row:
     launched: bool
     status: str
     duplicate: bool
+    loads: int = 0  # load runs this trial spent (the inner search's points, else 0 or 1)
 
 
 @dataclass
@@ -255,14 +270,19 @@ def _row(t: Any) -> Row:
 
     a = t.user_attrs
     done = t.state == TrialState.COMPLETE and t.values is not None
+    status = str(a.get(Attr.STATUS, t.state.name.lower()))
+    duplicate = Attr.DUPLICATE_OF in a
+    points = a.get(Attr.LOAD_POINTS) or []
+    loads = 0 if duplicate else len(points) or int(status in LOADS)
     return Row(
         t.number,
-        dict(t.params),
+        full_params(t.params, a),  # inner mode: the concurrency its search chose
         t.values[0] if done else None,
         done and is_feasible(t.constraints),
         bool(a.get(Attr.LAUNCHED)),
-        str(a.get(Attr.STATUS, t.state.name.lower())),
-        Attr.DUPLICATE_OF in a,
+        status,
+        duplicate,
+        loads,
     )
 
 
@@ -288,7 +308,7 @@ LOADS = {Status.OK, Status.SLO_MISSED, Status.DIED, Status.FLAGGED}
 
 
 def load_runs(rows: Sequence[Row]) -> int:
-    return sum(1 for r in rows if r.status in LOADS and not r.duplicate)
+    return sum(r.loads for r in rows)
 
 
 # --- ground truth ---------------------------------------------------------------------------
@@ -427,6 +447,16 @@ class Report:
     runs: list[StudyRun] = field(default_factory=list)
     truths: dict[str, float] = field(default_factory=dict)
 
+    def feasible(self, params: dict[str, Any]) -> bool:
+        """Could this configuration run within its SLOs? A server configuration (inner mode:
+        no concurrency) could when any concurrency scored on it did."""
+        if "concurrency" in params:
+            return self.truths.get(canonical(params), 0.0) > 0
+        key = canonical(server_flags(params))
+        return any(
+            v > 0 and canonical(server_flags(json.loads(k))) == key for k, v in self.truths.items()
+        )
+
     def ratio(self, params: dict[str, Any] | None) -> float:
         if params is None or self.optimum <= 0:
             return 0.0
@@ -484,7 +514,7 @@ def tables(rep: Report, budgets: Sequence[int]) -> str:
             1
             for r in runs
             for x in r.rows
-            if x.status == Status.REJECTED and rep.truths.get(canonical(x.params), 0.0) > 0
+            if x.status == Status.REJECTED and rep.feasible(x.params)
         )
         lines.append(
             f"{s:10s}{count(Status.START_FAILED):>10s}{count(Status.DIED):>10s}"
@@ -560,18 +590,21 @@ def bench(
     noise_seeds: int,
     http: int,
     out=print,
+    cache: Path | None = None,
 ) -> list[Report]:
     """Brute force, the studies, then the tables, per case."""
     reports = []
     with ProcessPoolExecutor(jobs) as pool:
         for case in cases:
             t0 = time.perf_counter()
-            cells = server_grid(case)
-            scores: dict[str, float] = {}
-            for part in pool.map(_scan_task, [(case, c) for c in cells]):
-                scores.update(part)
-            for part in pool.map(_truth_task, _chunks(case, refine(case, scores), jobs)):
-                scores.update(part)
+            cached = _cache_path(cache, case)
+            if cached is not None and cached.exists():
+                scores = json.loads(cached.read_text())
+            else:
+                scores = brute_force(case, pool, jobs)
+                if cached is not None:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    cached.write_text(json.dumps(scores))
             key = max(scores, key=lambda k: scores[k])
             rep = Report(case, scores[key], json.loads(key), len(scores), truths=scores)
             out(
@@ -586,7 +619,11 @@ def bench(
                 for r in rep.runs
                 for p in [
                     *(pick(upto(r.rows, n)) for n in budgets),
-                    *(x.params for x in r.rows if x.status == Status.REJECTED),
+                    *(
+                        x.params
+                        for x in r.rows
+                        if x.status == Status.REJECTED and "concurrency" in x.params
+                    ),
                 ]
                 if p is not None and canonical(p) not in rep.truths
             }
@@ -605,6 +642,30 @@ def bench(
     return reports
 
 
+def brute_force(case: str, pool: ProcessPoolExecutor, jobs: int) -> dict[str, float]:
+    """Noise-free scores of the server grid, with concurrency scanned and refined near the best."""
+    scores: dict[str, float] = {}
+    for part in pool.map(_scan_task, [(case, c) for c in server_grid(case)]):
+        scores.update(part)
+    for part in pool.map(_truth_task, _chunks(case, refine(case, scores), jobs)):
+        scores.update(part)
+    return scores
+
+
+def _cache_path(cache: Path | None, case: str) -> Path | None:
+    """Where the brute force of `case` is kept between runs (`--cache`): keyed by everything
+    that decides a score (the simulator's code is not in the key: clear it after changing it)."""
+    if cache is None:
+        return None
+    d = {k: v for k, v in strategy_data(case, "default").items() if k not in _NOT_SCORED}
+    c = CASES[case]
+    key = json.dumps([d, c.log_points, c.refine, c.near], sort_keys=True, default=str)
+    return cache / f"truth-{case}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
+_NOT_SCORED = ("study", "description", "budget", "sampler", "baseline", "storage")
+
+
 def _chunks(case: str, configs: list[dict[str, Any]], jobs: int) -> list[tuple[str, list]]:
     n = max(1, math.ceil(len(configs) / (4 * jobs)))
     return [(case, configs[i : i + n]) for i in range(0, len(configs), n)]
@@ -619,10 +680,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--noise-seeds", type=int, default=10, help="0: no noise table")
     p.add_argument("--http", type=int, default=0, help="HTTP simulator runs per noise window")
+    p.add_argument("--cache", type=Path, help="keep each case's brute force here between runs")
+    p.add_argument("--inner-runs", type=int, help="budget.inner_runs of the studies")
     a = p.parse_args(argv)
+    INNER_RUNS[0] = a.inner_runs
     budgets = [n for n in BUDGETS if n <= a.budget]
     bench(
-        a.cases.split(","), a.strategies.split(","), a.seeds, budgets, a.jobs, a.noise_seeds, a.http
+        a.cases.split(","),
+        a.strategies.split(","),
+        a.seeds,
+        budgets,
+        a.jobs,
+        a.noise_seeds,
+        a.http,
+        cache=a.cache,
     )
 
 

@@ -54,7 +54,7 @@ STUDY: dict[str, Any] = {
     "server": {"model-path": "meta-llama/Llama-3.1-8B-Instruct"},
     "space": {
         "mem-fraction-static": {"low": 0.80, "high": 0.98, "step": 0.01},
-        "concurrency": {"low": 8, "high": 512, "log": True},
+        "concurrency": {"low": 8, "high": 512, "log": True, "search": "joint"},
         "chunked-prefill-size": {"choices": [4096, 8192, 16384]},
         "schedule-conservativeness": {"low": 0.5, "high": 1.5, "step": 0.1},
         "cuda-graph-max-bs": {"choices": [128, 256, 512]},

@@ -31,6 +31,8 @@ def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) 
     data["objective"]["slo"]["p99_ttft_ms"] = 2000
     data["budget"].update(n_trials=n_trials, confirm_top=1, confirm_repeats=1)
     data["baseline"] = {"mem-fraction-static": 0.98, "concurrency": 16}  # certain CUDA-graph OOM
+    # these tests follow one load run per trial (phases, kills, probes): concurrency sampled
+    data["space"]["concurrency"]["search"] = "joint"
     for key, value in over.items():
         section, _, field = key.partition("__")
         if field:

@@ -1,8 +1,11 @@
 """The demo study finds a configuration within 10% of the brute-force optimum.
 
-The study runs for real (HTTP, restarts, the demo file as shipped, only the port and runs dir
-changed); the optimum is the best feasible cell of a grid over the demo's whole search space,
-scored in the engine's virtual time, and the study's winner is scored the same way.
+The study runs the tuner's whole loop on the demo file as shipped (only the port and runs dir
+changed) in virtual time (`tuner tune --virtual`: the same loop with the server and load seams on
+the simulator's engine; test_virtual_study.py proves those seams agree with the HTTP path, and
+test_study_e2e.py runs the demo over HTTP). The optimum is the best feasible cell of a grid over
+the demo's whole search space, scored in the engine's virtual time, and the study's winner is
+scored the same way.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def test_demo_best_within_10pct_of_brute_force(tmp_path: Path) -> None:
             "--runs-dir",
             str(runs),
             "--no-progress",
+            "--virtual",
         ],
         capture_output=True,
         text=True,

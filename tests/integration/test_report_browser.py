@@ -52,7 +52,7 @@ def model_study(tmp_path: Path, n: int = 60) -> tuple:
     data["space"] = {
         "mem-fraction-static": {"low": 0.80, "high": 0.98, "step": 0.01},
         "hicache-size": {"low": 0, "high": 160, "step": 20},
-        "concurrency": {"low": 8, "high": 256, "log": True},
+        "concurrency": {"low": 8, "high": 256, "log": True, "search": "joint"},
     }
     data["objective"]["pareto_latency"] = "p99_ttft_ms"
     path = tmp_path / "report.yaml"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from tests.helpers.studies import study_file, tuner
 from tuner.api import Events, tune
@@ -50,6 +51,28 @@ def test_virtual_and_http_studies_propose_the_same_trials_and_agree(tmp_path: Pa
     # the identity check keeps the two apart: a real study does not resume in virtual time
     with pytest.raises(StudyMismatchError, match="virtual time"):
         tune(cfg, runs_dir=tmp_path / "http", n_trials=10, seed=11, make_seams=virtual_seams(11))
+
+
+def test_inner_search_agrees_between_virtual_and_http(tmp_path: Path) -> None:
+    """Inner mode: the same servers proposed, each searched on its running server; the best
+    point of each scores alike (its concurrency may differ by a step where two score alike)."""
+    study = study_file(tmp_path, name="agree-inner", n_trials=3, budget__inner_runs=3)
+    data = yaml.safe_load(study.read_text())
+    data["space"]["concurrency"]["search"] = "inner"
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_study(study)
+    real = tune(cfg, runs_dir=tmp_path / "http", seed=11)
+    virtual = tune(cfg, runs_dir=tmp_path / "virtual", seed=11, make_seams=virtual_seams(11))
+    a, b = completed(real.study), completed(virtual.study)
+    assert [t.params for t in a] == [t.params for t in b]
+    assert all("concurrency" not in t.params for t in a)
+    measured = [(x, y) for x, y in zip(a, b, strict=True) if x.user_attrs[Attr.STATUS] == "ok"]
+    assert measured
+    for x, y in measured:
+        assert 1 <= len(x.user_attrs[Attr.LOAD_POINTS]) <= 3 and x.user_attrs[Attr.CLIENT]
+        http, virt = x.values[0], y.values[0]
+        print(f"{x.params}: HTTP {http:,.0f} at {x.user_attrs[Attr.CLIENT]}, virtual {virt:,.0f}")
+        assert abs(http - virt) <= AGREE * virt, (x.params, http, virt)
 
 
 def test_a_virtual_40_trial_study_writes_best_yaml(tmp_path: Path) -> None:

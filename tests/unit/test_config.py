@@ -254,3 +254,15 @@ def test_a_storage_password_is_masked_even_when_the_url_is_unparsable() -> None:
     with pytest.raises(ConfigError) as err:
         check_url("postgresql://u:hun/ter@2@127.0.0.1:notaport/db", key="--storage")
     assert "ter@2" not in str(err.value)
+
+
+def test_flags_of_a_newer_sglang_are_checked_against_its_table() -> None:
+    # the study names no version: a flag only 0.5.23 has is the host's to judge (tuner check,
+    # export), but its value is checked against 0.5.23's table here
+    server = {"model-path": "m", "cuda-graph-max-bs-decode": 64, "enable-hicache": True}
+    assert parse_study({**MINIMAL, "server": server}).server["cuda-graph-max-bs-decode"] == 64
+    bad = {**server, "cuda-graph-max-bs-decode": "many"}
+    with pytest.raises(ConfigError, match=r"server\.cuda-graph-max-bs-decode: expected a whole"):
+        parse_study({**MINIMAL, "server": bad})
+    with pytest.raises(ConfigError, match=r"server\.enable-lorax: unknown SGLang flag"):
+        parse_study({**MINIMAL, "server": {"model-path": "m", "enable-lorax": True}})

@@ -18,7 +18,7 @@ STUDY = {
     "server": {"model-path": "m"},
     "space": {
         "mem-fraction-static": {"low": 0.80, "high": 0.90, "step": 0.05},
-        "concurrency": {"low": 8, "high": 256, "log": True},
+        "concurrency": {"low": 8, "high": 256, "log": True, "search": "joint"},
     },
     "sampler": {"name": "grid", "seed": 1},
 }

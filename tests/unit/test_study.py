@@ -291,7 +291,11 @@ def test_new_server_gets_a_concurrency_probe_without_restart(tmp_path: Path) -> 
 def test_probe_backs_off_when_the_slo_is_missed(tmp_path: Path) -> None:
     data = {
         **STUDY,
-        "space": {**STUDY["space"], "concurrency": {"low": 8, "high": 512, "log": True}},
+        # probes are joint mode's: concurrency sampled with the server flags
+        "space": {
+            **STUDY["space"],
+            "concurrency": {"low": 8, "high": 512, "log": True, "search": "joint"},
+        },
     }
     cfg, study, server, tuning = setup(tmp_path, data)
     study.enqueue_trial({"mem-fraction-static": 0.80, "concurrency": 400})  # capacity 120: queue

@@ -1,0 +1,111 @@
+"""Whole studies in virtual time in each concurrency mode: inner (the default for a range),
+joint (concurrency sampled with the server flags), and a fixed concurrency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from tuner.api import tune
+from tuner.errors import ConfigError
+from tuner.export import export_data
+from tuner.innertrial import search_mode
+from tuner.reportruns import load_search
+from tuner.results import completed
+from tuner.sim.virtual_study import virtual_seams
+from tuner.studyfile import parse_study
+from tuner.trial import Attr, Status
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo(**space: Any) -> dict[str, Any]:
+    """The demo made cheap: short prompts and windows, no confirmation."""
+    d = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())
+    d["target"]["launch"] = ["{python}", "-m", "tuner.sim", "--sim-profile", "llama-3.1-8b-h100"]
+    d["space"]["concurrency"] = {"low": 4, "high": 128, "log": True, **space}
+    d["baseline"] = {"mem-fraction-static": 0.85, "concurrency": 16}
+    d["workload"].update(input_len=256, output_len=32, duration_s=2)
+    d["objective"]["slo"]["p99_ttft_ms"] = 1000
+    d["budget"].update(confirm_top=1, confirm_repeats=1, inner_runs=4)
+    return d
+
+
+def run(tmp_path: Path, data: dict[str, Any], n: int = 4) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    cfg = parse_study(data, "d.yaml")
+    return tune(cfg, runs_dir=tmp_path, seed=3, n_trials=n, make_seams=virtual_seams(3)).study
+
+
+def test_inner_mode_searches_concurrency_on_each_server_and_exports_it(tmp_path: Path) -> None:
+    data = demo()
+    cfg = parse_study(data, "d.yaml")
+    assert search_mode(cfg) == "inner"  # the default for a concurrency range
+    study = run(tmp_path, data)
+    done = completed(study)
+    assert len(done) == 4
+    assert all("concurrency" not in t.params for t in done)  # the sampler proposes servers
+    measured = [
+        t
+        for t in done
+        if t.user_attrs[Attr.STATUS] == Status.OK and Attr.DUPLICATE_OF not in t.user_attrs
+    ]
+    assert measured
+    for t in measured:
+        points = t.user_attrs[Attr.LOAD_POINTS]
+        assert 1 <= len(points) <= 4  # budget.inner_runs
+        # the best clear of the SLO limits by innertrial.SLO_MARGIN, else the best that held
+        pool = [p for p in points if p["clear"]] or [p for p in points if p["feasible"]]
+        best = max(pool, key=lambda p: p["value"])
+        assert t.user_attrs[Attr.CLIENT] == {"concurrency": best["concurrency"]}
+        assert t.values[0] == pytest.approx(best["value"], rel=1e-3)
+        saved = json.loads(
+            (tmp_path / cfg.study / "trials" / str(t.number) / "points.json").read_text()
+        )
+        assert saved["best"] == best["concurrency"] and len(saved["points"]) == len(points)
+    # no restart beyond one per trial: every point ran on the trial's own server
+    assert sum(bool(t.user_attrs.get(Attr.LAUNCHED)) for t in done) <= len(done)
+    chart = load_search(cfg, study)  # the report draws every trial's points
+    assert chart.figure is not None and not chart.note
+    data_out = export_data(cfg, study)
+    winner = study.trials[data_out["trial"]]
+    assert data_out["client"] == winner.user_attrs[Attr.CLIENT]  # the recommended concurrency
+    assert "concurrency" not in data_out["flags"]
+
+
+def test_joint_mode_samples_concurrency_and_probes_as_before(tmp_path: Path) -> None:
+    study = run(tmp_path, demo(search="joint"))
+    done = completed(study)
+    assert len(done) == 4
+    assert all("concurrency" in t.params for t in done)
+    assert not any(Attr.LOAD_POINTS in t.user_attrs for t in done)
+    assert any(Attr.PROBE_OF in t.user_attrs for t in done)  # a neighbour on a live server
+
+
+def test_a_fixed_concurrency_study_completes(tmp_path: Path) -> None:
+    data = demo()
+    data["space"]["concurrency"] = {"choices": [24]}
+    data["baseline"]["concurrency"] = 24
+    cfg = parse_study(data, "d.yaml")
+    assert search_mode(cfg) == "joint"  # one choice: nothing for an inner search to find
+    done = completed(run(tmp_path, data, n=3))
+    assert len(done) == 3 and all(t.params["concurrency"] == 24 for t in done)
+
+
+def test_search_is_refused_where_it_cannot_work() -> None:
+    data = demo()
+    data["space"]["mem-fraction-static"]["search"] = "inner"
+    with pytest.raises(ConfigError, match=r"space\.mem-fraction-static\.search"):
+        parse_study(data, "d.yaml")
+    data = demo(search="inner")
+    data["space"]["concurrency"] = {"choices": [8, 16], "search": "inner"}
+    with pytest.raises(ConfigError, match="integer range"):
+        parse_study(data, "d.yaml")
+    data = demo(search="bogus")
+    with pytest.raises(ConfigError, match=r"space\.concurrency\.search"):
+        parse_study(data, "d.yaml")

@@ -1,0 +1,112 @@
+"""What failures teach the pre-check: a death under load bounds mfs (and concurrency) from
+above, a start with "Not enough memory" bounds mfs from below; only with the same memory flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.api import hardware_of, study_requests
+from tuner.precheck import Hardware, Knowledge, precheck
+from tuner.runner import TrialRunner
+from tuner.sim.virtual_server import VirtualClock, VirtualServer
+from tuner.sim.virtual_study import VirtualLoad
+from tuner.studyfile import parse_study
+from tuner.target import Launch
+from tuner.trial import Status
+
+BASE = {"model-path": "m", "chunked-prefill-size": 8192}
+
+
+def test_a_death_under_load_rejects_higher_mfs_at_that_concurrency_or_more() -> None:
+    know = Knowledge().with_death({**BASE, "mem-fraction-static": 0.90}, 128, 7)
+    hw = Hardware()
+    verdict = precheck({**BASE, "mem-fraction-static": 0.93}, hw, know, concurrency=200)
+    assert not verdict.feasible and verdict.kind == "oom_runtime"
+    assert "0.9" in verdict.reason and "128" in verdict.reason and "trial 7" in verdict.reason
+    # less load, less mfs, another chunk size, or load unknown: measured, not rejected
+    assert precheck({**BASE, "mem-fraction-static": 0.93}, hw, know, concurrency=64).feasible
+    assert precheck({**BASE, "mem-fraction-static": 0.88}, hw, know, concurrency=200).feasible
+    other = {**BASE, "chunked-prefill-size": 4096, "mem-fraction-static": 0.93}
+    assert precheck(other, hw, know, concurrency=200).feasible
+    assert precheck({**BASE, "mem-fraction-static": 0.93}, hw, know).feasible
+    # the inner search stays below the concurrency that killed a server like it
+    assert know.death_cap({**BASE, "mem-fraction-static": 0.95}) == 128
+    assert know.death_cap({**BASE, "mem-fraction-static": 0.85}) is None
+
+
+def test_not_enough_memory_rejects_that_mfs_and_lower() -> None:
+    know = Knowledge().with_floor({**BASE, "mem-fraction-static": 0.60}, 3)
+    hw = Hardware()
+    low = precheck({**BASE, "mem-fraction-static": 0.55}, hw, know)
+    assert not low.feasible and low.kind == "not_enough_memory" and "trial 3" in low.reason
+    assert not precheck({**BASE, "mem-fraction-static": 0.60}, hw, know).feasible
+    assert precheck({**BASE, "mem-fraction-static": 0.65}, hw, know).feasible
+    assert precheck({"model-path": "m", "mem-fraction-static": 0.55}, hw, know).feasible
+
+
+def _runner(profile: str, space: dict, workload: dict, slo: dict) -> TrialRunner:
+    data = {
+        "study": f"learn-{profile}",
+        "target": {"launch": ["{python}", "-m", "tuner.sim", "--sim-profile", profile]},
+        "server": {"model-path": "m"},
+        "space": space,
+        "workload": {"duration_s": 3, "warmup_requests": 1, **workload},
+        "objective": {"slo": slo},
+    }
+    cfg = parse_study(data, "l.yaml")
+    clock = VirtualClock()
+    server = VirtualServer(0, noise=False, clock=clock)
+    launch = Launch.of(cfg.target)
+    load = VirtualLoad(server, cfg, study_requests(cfg))
+    return TrialRunner(
+        cfg,
+        server,
+        load,
+        "virtual://l",
+        hardware_of(cfg),
+        launch_template=launch.template,
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
+
+
+def test_a_runner_learns_a_floor_from_a_start_without_memory(tmp_path: Path) -> None:
+    # Qwen-7B on a 24 GB card: the weights leave no KV pool at a low mfs
+    r = _runner(
+        "qwen2.5-7b-l4",
+        {"mem-fraction-static": {"low": 0.3, "high": 0.95, "step": 0.05}},
+        {"input_len": 128, "output_len": 16},
+        {"p99_ttft_ms": 2000},
+    )
+    r.knowledge = Knowledge()  # no calibration: only the failure can teach the floor
+    r.hardware = Hardware()
+    out = r.run(0, {"mem-fraction-static": 0.4}, tmp_path / "0")
+    assert out.status == Status.START_FAILED and out.failure == "not_enough_memory"
+    again = r.run(1, {"mem-fraction-static": 0.35}, tmp_path / "1")
+    assert again.status == Status.REJECTED and "trial 0" in again.reason
+    assert again.failure == "not_enough_memory" and not again.launched
+
+
+def test_a_runner_learns_a_death_under_load(tmp_path: Path) -> None:
+    # the demo's H100 above ~0.95 mfs: a large prefill runs out of memory under load
+    space = {
+        "mem-fraction-static": {"low": 0.80, "high": 0.98, "step": 0.01},
+        "concurrency": {"low": 8, "high": 256, "log": True, "search": "joint"},
+    }
+    r = _runner(
+        "llama-3.1-8b-h100",
+        space,
+        {"input_len": 1024, "output_len": 128, "range_ratio": 0.5},
+        {"p99_ttft_ms": 2900},
+    )
+    died = None
+    for i, mfs in enumerate((0.95, 0.96, 0.97)):
+        out = r.run(i, {"mem-fraction-static": mfs, "concurrency": 128}, tmp_path / str(i))
+        if out.status == Status.DIED:
+            died = (i, mfs)
+            break
+    assert died is not None, "no death under load at the top of the demo's mfs range"
+    n, mfs = died
+    assert r.knowledge.deaths and r.knowledge.deaths[0][1:] == (mfs, 128, n)
+    nxt = r.run(9, {"mem-fraction-static": mfs + 0.01, "concurrency": 160}, tmp_path / "9")
+    assert nxt.status == Status.REJECTED and nxt.failure == "oom_runtime" and not nxt.launched

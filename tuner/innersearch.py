@@ -1,0 +1,182 @@
+"""The inner search: the best client concurrency on one running server, under the SLOs. Pure.
+
+Concurrency is a client-side knob: changing it costs a load run, never a restart. So in
+`space.concurrency.search: inner` mode the sampler proposes server configurations only, and for
+each server that starts this search finds its best concurrency with a few load runs:
+
+1. start where the capacity model says the KV pool admits the workload's requests (`start_at`);
+2. step up by `factor` while the throughput gains and the SLOs hold (or step down from an
+   infeasible start until a point holds); then step down from the best point while that gains
+   (past a peak, retraction or a slow queue can make less concurrency worth more);
+3. then bisect, on the log scale, between the best point and its worse neighbours until the gap
+   is below one `resolution` step; runs left look below the best by sqrt(`factor`) (a short
+   window's throughput is bumpy in concurrency), until the run budget is spent.
+
+Throughput in concurrency rises until the pool or an SLO binds, then flattens (a queue) or the
+SLO breaks, so the feasible best is a bracket's edge. `measure(c)` is injected (a real load run,
+a virtual one, or a test's function); a point that ended the server (`stop`) ends the search, and so does a
+`measure` that returns None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Point:
+    """One load run of the search: its concurrency, score and SLO verdict."""
+
+    concurrency: int
+    value: float  # the objective as measured (also when an SLO was missed)
+    feasible: bool
+    stop: bool = False  # the run ended the server (died or hung): no more points on it
+    status: str = ""
+    reason: str = ""
+    failure: str | None = None  # the server's failure class, when the run ended it
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Where and how the search may look."""
+
+    low: int
+    high: int
+    start: int
+    max_runs: int = 5
+    factor: float = 2.0  # the bracketing step
+    gain: float = 0.03  # a step up counts as a gain above this share (the noise floor)
+    resolution: float = 1.15  # stop bisecting when hi / lo is below this
+
+
+@dataclass(frozen=True)
+class InnerResult:
+    points: tuple[Point, ...]
+
+    @property
+    def best(self) -> Point | None:
+        """The best feasible point, or None when none held its SLOs."""
+        ok = [p for p in self.points if p.feasible]
+        return max(ok, key=lambda p: p.value) if ok else None
+
+    @property
+    def stopped(self) -> bool:
+        return any(p.stop for p in self.points)
+
+
+def start_at(
+    pool_tokens: int | None, avg_len: float, low: int, high: int, shared: float = 0.0
+) -> int:
+    """The concurrency the KV pool admits for requests of `avg_len` tokens (`shared`: the share
+    of each request that a shared prefix lets requests hold once), clamped to [low, high]; the
+    range's geometric middle when the pool is unknown."""
+    if not pool_tokens or avg_len <= 0:
+        return clamp(round(math.sqrt(low * high)), low, high)
+    private = max(avg_len * (1.0 - shared), 1.0)
+    return clamp(int(pool_tokens // private), low, high)
+
+
+def clamp(c: int, low: int, high: int) -> int:
+    return int(min(max(c, low), high))
+
+
+def search(measure: Callable[[int], Point | None], b: Bounds) -> InnerResult:
+    """Find the best feasible concurrency in [b.low, b.high] with at most `b.max_runs` runs;
+    `measure` may return None to end the search (no time left for another run)."""
+    points: dict[int, Point] = {}
+    declined = [False]  # measure said no more (e.g. the trial's deadline is near)
+
+    def run(c: int) -> Point | None:
+        c = clamp(c, b.low, b.high)
+        over = declined[0] or len(points) >= b.max_runs or any(p.stop for p in points.values())
+        if c in points or over:
+            return None
+        p = measure(c)
+        if p is None:
+            declined[0] = True
+            return None
+        points[c] = p
+        return p
+
+    def done() -> InnerResult:
+        return InnerResult(tuple(points[c] for c in points))
+
+    first = run(b.start)
+    if first is None:
+        return done()
+    c = first.concurrency
+    if first.feasible:
+        _climb(run, points, c, b, up=True)
+        above = points.get(clamp(round(c * b.factor), b.low, b.high))
+        # a step up that held but lost throughput: the peak lies below the start
+        past_peak = bool(above and above.feasible and above.value < first.value / (1 + b.gain))
+    else:
+        above = first
+        while c > b.low and not points[c].stop:  # an infeasible start: down until one holds
+            above = points[c]
+            c = clamp(math.floor(c / b.factor), b.low, b.high)
+            p = run(c)
+            if p is None or p.feasible:
+                break
+        # throughput that did not rise from the point that holds to the one above it: that one
+        # may lie past the peak too (retraction, a slow queue), so look below it
+        held = points.get(c)
+        past_peak = held is not None and held.value * (1 + b.gain) >= above.value
+    best = _best(points)
+    if best is not None and past_peak:  # retraction or a slow queue: less may be worth more
+        _climb(run, points, best.concurrency, b, up=False)
+    _bisect(run, points, b)
+    best = _best(points)
+    if best is not None:  # runs left: a last, finer look below the best (a window's bumps)
+        fine = replace(b, factor=math.sqrt(b.factor))
+        _climb(run, points, best.concurrency, fine, up=False)
+        _bisect(run, points, b)
+    return done()
+
+
+def _climb(
+    run: Callable[[int], Point | None], points: dict[int, Point], c: int, b: Bounds, up: bool
+) -> None:
+    """Step from `c` by `factor` while each step holds the SLOs and gains more than `gain`."""
+    while True:
+        nxt = clamp(round(c * b.factor) if up else round(c / b.factor), b.low, b.high)
+        if nxt == c:
+            return
+        p = run(nxt)
+        if p is None or not p.feasible or p.value <= points[c].value * (1 + b.gain):
+            return
+        c = nxt
+
+
+def _bisect(run: Callable[[int], Point | None], points: dict[int, Point], b: Bounds) -> None:
+    """Halve the gaps beside the best point (log scale) while the budget lasts."""
+    while True:
+        best = _best(points)
+        if best is None:
+            return
+        gaps = _gaps(points, best.concurrency, b.resolution)
+        if not gaps:
+            return
+        lo, hi = gaps[0]
+        if run(round(math.sqrt(lo * hi))) is None:
+            return
+
+
+def _best(points: dict[int, Point]) -> Point | None:
+    ok = [p for p in points.values() if p.feasible]
+    return max(ok, key=lambda p: p.value) if ok else None
+
+
+def _gaps(points: dict[int, Point], at: int, resolution: float) -> list[tuple[int, int]]:
+    """The unmeasured intervals next to `at` wider than `resolution`, the upper one first (where
+    throughput still rises until an SLO binds)."""
+    measured = sorted(points)
+    i = measured.index(at)
+    out = []
+    if i + 1 < len(measured):
+        out.append((at, measured[i + 1]))
+    if i > 0:
+        out.append((measured[i - 1], at))
+    return [(lo, hi) for lo, hi in out if hi / lo > resolution and hi - lo > 1]

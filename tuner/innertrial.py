@@ -1,0 +1,245 @@
+"""Two-level search: which studies find concurrency on the running server, and one trial's
+inner search on a `TrialRunner` (load runs -> points -> one outcome).
+
+`space.concurrency.search` chooses:
+
+- `inner`: the sampler proposes server configurations only (`sampled_space` drops
+  concurrency); each server that starts gets `innersearch.search` over concurrency, a few load
+  runs and never a restart. The trial's value is its best feasible point; every point is kept
+  (`Attr.LOAD_POINTS`, `trials/<n>/points.json`) and the winner's concurrency is the trial's
+  `Attr.CLIENT`, which confirmation re-runs and the export recommends.
+- `joint`: concurrency is one more sampled parameter (with concurrency probes), as before.
+
+Unset, a log or linear concurrency range searches `DEFAULT_SEARCH`; a list of choices, a
+client-side request rate (`workload.request_rate` or a searched `request-rate`), a Pareto
+objective, a concurrency under `when:` and a space of concurrency alone keep `joint`. A study without concurrency in its space runs at its fixed concurrency.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
+from tuner.innersearch import Bounds, Point, search, start_at
+from tuner.sglang.failures import FailureClass
+from tuner.trial import Status, TrialOutcome, metric_attrs, objective_values
+
+#: the mode of a concurrency range whose `search:` is unset (from tests/bench/bench_search.py)
+DEFAULT_SEARCH = "inner"
+NAME = "concurrency"
+#: a point is not started when less than this many times the last point's time is left
+TIME_MARGIN = 1.2
+#: a point whose latency is within this share of a limit is no search's best: the search climbs
+#: to the SLO's edge, where one run passes by luck as often as not (the noise of a start is a
+#: few %: tests/bench/bench_search.py's noise table); it stays the answer only when none is safe
+SLO_MARGIN = 0.05
+LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
+
+
+def search_mode(cfg: StudyConfig) -> str:
+    """`inner`, `joint`, or `fixed` (concurrency is not searched)."""
+    spec = cfg.space.get(NAME)
+    if spec is None:
+        return "fixed"
+    if spec.search:
+        return spec.search
+    rate = cfg.workload.request_rate is not None or "request-rate" in cfg.space
+    alone = all(k in CLIENT_PARAMS for k in cfg.space)  # one server: nothing to sample above it
+    if spec.choices is not None or rate or cfg.objective.pareto_latency or spec.when or alone:
+        return "joint"
+    return DEFAULT_SEARCH
+
+
+def inner_mode(cfg: StudyConfig) -> bool:
+    return search_mode(cfg) == "inner"
+
+
+def sampled_space(cfg: StudyConfig) -> dict[str, ParamSpec]:
+    """What the sampler proposes: the space, less concurrency when the inner search finds it."""
+    if inner_mode(cfg):
+        return {k: v for k, v in cfg.space.items() if k != NAME}
+    return dict(cfg.space)
+
+
+def mode_problem(cfg: StudyConfig) -> tuple[str, str] | None:
+    """(key, why) when `search:` is set where it cannot work; None when it is fine."""
+    for name, spec in cfg.space.items():
+        if spec.search and name != NAME:
+            return f"space.{name}.search", "only concurrency (a client-side knob) takes search:"
+    spec = cfg.space.get(NAME)
+    if spec is None or spec.search != "inner":
+        return None
+    key = f"space.{NAME}.search"
+    if spec.choices is not None or spec.kind != "int":
+        return key, "inner needs an integer range (low, high), not choices"
+    if spec.when:
+        return key, "inner needs concurrency searched on every server (no when:)"
+    if cfg.workload.request_rate is not None or "request-rate" in cfg.space:
+        return key, "inner searches a closed loop's concurrency; with a request rate use joint"
+    if cfg.objective.pareto_latency:
+        return key, "inner keeps the best throughput; with objective.pareto_latency use joint"
+    return None
+
+
+def request_tokens(w: WorkloadSection) -> tuple[float, float]:
+    """(tokens a running request holds on average, the share of them a shared prefix holds
+    once): prompt plus half the answer, which is what fills the pool in steady state."""
+    out = w.output_len * (1 + w.range_ratio) / 2
+    if w.kind == "shared-prefix":
+        prompt = w.prefix_len + w.question_len
+        return prompt + out / 2, w.prefix_len / (prompt + out / 2)
+    if w.kind == "multi-turn":
+        # the history grows by a question and an answer per turn: the mean over the turns
+        prompt = w.input_len + (w.turns - 1) / 2 * (w.question_len + w.output_len)
+        return prompt + out / 2, 0.0
+    prompt = w.input_len * (1 + w.range_ratio) / 2
+    return prompt + out / 2, 0.0
+
+
+def bounds(
+    cfg: StudyConfig,
+    pool_tokens: int | None,
+    high_cap: int | None = None,
+    hint: int | None = None,
+) -> Bounds:
+    """Where the inner search looks on a server whose KV pool holds `pool_tokens`; `high_cap`:
+    a concurrency known to kill servers like this one (the search stays below it); `hint`: the
+    best concurrency found on an earlier server of the study, where a similar server's best
+    most likely is (else the capacity model's estimate)."""
+    spec = cfg.space[NAME]
+    assert spec.low is not None and spec.high is not None  # mode_problem/search_mode ensure it
+    low, high = int(spec.low), int(spec.high)
+    if high_cap is not None:
+        high = max(low, min(high, high_cap - 1))
+    avg, shared = request_tokens(cfg.workload)
+    start = start_at(pool_tokens, avg, low, high, shared) if hint is None else hint
+    start = min(max(start, low), high)
+    return Bounds(low, high, start, max_runs=cfg.budget.inner_runs)
+
+
+class InnerSearch:
+    """The inner search of one `tuner tune` run: remembers the best point so far (the next
+    server's starting point)."""
+
+    def __init__(self, cfg: StudyConfig):
+        self.cfg = cfg
+        self.best: tuple[float, int] | None = None  # (value, concurrency)
+
+    def run(
+        self,
+        params: Mapping[str, Any],
+        trial_dir: Path,
+        measure: Measure,
+        pool: int | None,
+        high_cap: int | None,
+        time_left: Callable[[], float | None],
+        clock: Callable[[], float],
+    ) -> TrialOutcome:
+        hint = None if self.best is None else self.best[1]
+        b = bounds(self.cfg, pool, high_cap, hint)
+        out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock)
+        if out.client and out.feasible and (self.best is None or out.values[0] > self.best[0]):
+            self.best = (out.values[0], int(out.client[NAME]))
+        return out
+
+
+#: one load run at these params: (params with concurrency, the point's directory) -> outcome
+Measure = Callable[[Mapping[str, Any], Path], TrialOutcome]
+
+
+def run_inner(
+    cfg: StudyConfig,
+    params: Mapping[str, Any],
+    trial_dir: Path,
+    measure: Measure,
+    b: Bounds,
+    time_left: Callable[[], float | None],
+    clock: Callable[[], float],
+) -> TrialOutcome:
+    """The inner search on the running server -> the trial's outcome: its best feasible
+    point's (with every point and the winner's concurrency), else the most telling failure."""
+    outcomes: dict[int, TrialOutcome] = {}
+    last = [0.0]
+
+    def point(c: int) -> Point | None:
+        left = time_left()
+        if outcomes and left is not None and left < TIME_MARGIN * last[0]:
+            return None  # another run would pass the trial's deadline
+        t0 = clock()
+        out = measure({**params, NAME: c}, trial_dir / f"{NAME}-{c}")
+        last[0] = clock() - t0
+        outcomes[c] = out
+        raw = objective_values(cfg.objective, out.metrics)[0] if out.metrics else 0.0
+        stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
+        safe = out.feasible and _clear_of_limits(out.constraints)
+        return Point(c, raw, safe, stop, str(out.status), out.reason, out.failure)
+
+    result = search(point, b)
+    records = tuple(_record(p, outcomes[p.concurrency]) for p in result.points)
+    best = result.best
+    if best is None:  # none clear of the limits: the best that held them, if any did
+        held = [p for p in result.points if outcomes[p.concurrency].feasible]
+        best = max(held, key=lambda p: p.value) if held else None
+    _save(trial_dir, best, records)
+    if best is not None:
+        chosen = outcomes[best.concurrency]
+        client = {NAME: best.concurrency}
+    else:
+        chosen, client = _failure(outcomes), {}
+    return replace(chosen, points=records, client=client)
+
+
+def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
+    """Every latency at least SLO_MARGIN below its limit (constraint = observed / limit - 1)."""
+    return all(constraints.get(k, -1.0) <= -SLO_MARGIN for k in LATENCY_CONSTRAINTS)
+
+
+def died_at(outcome: TrialOutcome, params: Mapping[str, Any]) -> int | None:
+    """The least concurrency at which this trial's server ran out of memory under load."""
+    died = [int(p[NAME]) for p in outcome.points if p.get("failure") == FailureClass.OOM_RUNTIME]
+    if not outcome.points and outcome.failure == FailureClass.OOM_RUNTIME and NAME in params:
+        died.append(int(params[NAME]))
+    return min(died) if died else None
+
+
+def _failure(outcomes: Mapping[int, TrialOutcome]) -> TrialOutcome:
+    """No point held its SLOs: a death or the world's failure tells most, else the lowest
+    concurrency's miss (the least load this server was asked to carry)."""
+    for status in (Status.WORLD, Status.FLAGGED, Status.DIED):
+        for out in outcomes.values():
+            if out.status == status:
+                return out
+    return outcomes[min(outcomes)]
+
+
+def _record(p: Point, out: TrialOutcome) -> dict[str, Any]:
+    """One point as stored (the report's inner-search chart reads the score and p99 TTFT)."""
+    figures = metric_attrs(out.metrics) if out.status.measured else {}
+    return {
+        NAME: p.concurrency,
+        "value": round(p.value, 3),
+        "score": round(p.value, 3),
+        **{k: round(v, 3) for k, v in figures.items()},
+        "feasible": out.feasible,  # held its SLOs
+        "clear": p.feasible,  # held them with SLO_MARGIN to spare
+        "status": p.status,
+        "reason": p.reason,
+        "failure": p.failure,
+    }
+
+
+def _save(trial_dir: Path, best: Point | None, records: tuple[dict[str, Any], ...]) -> None:
+    data = {"best": None if best is None else best.concurrency, "points": list(records)}
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "points.json").write_text(json.dumps(data, indent=2) + "\n")
+    if best is not None:  # the winner's run is the trial's run, where tools look for it
+        src = trial_dir / f"{NAME}-{best.concurrency}"
+        for name in ("metrics.json", "server.log"):
+            if (src / name).exists():
+                (trial_dir / name).write_bytes((src / name).read_bytes())
+        if (src / "requests.jsonl").exists():  # large: moved, not copied
+            (src / "requests.jsonl").replace(trial_dir / "requests.jsonl")
