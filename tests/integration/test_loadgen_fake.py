@@ -347,6 +347,21 @@ def test_errors_counted_then_budget_stops_run() -> None:
     assert len(res.records) < 60
 
 
+def test_fast_failures_at_high_concurrency_stay_inside_the_budget() -> None:
+    # 1 in 8 requests fails at once while the others stream for ~0.3 s: at concurrency 64 the
+    # first 8 requests to end are all failures, yet 12.5% is well inside a 30% budget
+    fake = FakeSGLang(FakeConfig(fail_every=8, token_delay_s=0.01))
+    with ServerThread(fake) as srv:
+        res = run_load_sync(
+            srv.url,
+            _reqs(128, out=30, range_ratio=1.0),
+            _opts(concurrency=64, warmup_requests=0, max_error_rate=0.3),
+        )
+    m = res.metrics()
+    assert res.stopped == "done" and not res.flagged
+    assert m.errors == 16 and m.completed == 112
+
+
 def test_timeouts_are_records_not_crashes() -> None:
     fake = FakeSGLang(FakeConfig(hang_every=4))
     with ServerThread(fake) as srv:

@@ -99,8 +99,12 @@ class TimedRun:
             self.progress.advance(self.task_id)
         if not rec.ok:
             self.errors += 1
-            ended = len(self.records)
-            if self.errors > self.opt.max_error_rate * max(ended, 20):
+            # the budget is a share of the requests sent, in flight included: a failure ends in
+            # milliseconds while a success streams for seconds, so at high concurrency the first
+            # requests to end are the failures, and a share of ended ones would stop a run whose
+            # error rate is well inside the budget
+            sent = len(self.records) + len(self.inflight)
+            if self.errors > self.opt.max_error_rate * max(sent, 20):
                 self._stop("error_budget")
         nxt = self.successor.get(req.index)
         if nxt is not None:
