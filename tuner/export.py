@@ -19,7 +19,13 @@ from tuner.check.flagset import version_problems
 from tuner.config import StudyConfig
 from tuner.errors import TunerError
 from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
-from tuner.results import best_trial, completed, feasible_trials, server_info_of
+from tuner.results import (
+    best_trial,
+    completed,
+    feasible_trials,
+    server_info_of,
+    versus_runner_up,
+)
 from tuner.space import client_params, server_flags, tidy_params
 from tuner.trial import Attr, full_params
 
@@ -71,6 +77,8 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
         "completed_trials": len(completed(study)),
         "exported_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    if (versus := versus_runner_up(study)) is not None:
+        data["versus_runner_up"] = versus
     # flags the winner's SGLang version would refuse (a version without a table: none judged)
     if warnings := version_problems(data["flags"], data["server"].get("version")):
         data["warnings"] = warnings
@@ -104,6 +112,8 @@ def render_yaml(data: dict[str, Any]) -> str:
             f"confirmed over {len(conf['runs'])} runs: mean {conf['mean']:,.1f} "
             f"({data['objective']}), spread {conf['spread_pct']:.1f}%"
         )
+    if "versus_runner_up" in data:
+        header.append(_versus(data["versus_runner_up"]))
     if data["client"]:
         header.append(
             "recommended client: " + ", ".join(f"{k} {v}" for k, v in data["client"].items())
@@ -118,6 +128,20 @@ def render_yaml(data: dict[str, Any]) -> str:
     header += [f"WARNING: {w}" for w in data.get("warnings", ())]
     header.append("")
     return render_sglang_yaml(data["flags"], header)
+
+
+def _versus(v: dict[str, Any]) -> str:
+    """The winner against the runner-up, in words: a real difference or within the noise."""
+    head = (
+        f"vs the runner-up (trial {v['runner_up']}, mean {v['runner_up_mean']:,.1f}): "
+        f"{v['gap_pct']:+.1f}%"
+    )
+    if v["separated"] is None:
+        return head + "; noise unknown (one run each: raise budget.confirm_repeats)"
+    noise = f"run-to-run noise {v['noise_pct']:.1f}%, 2 sigma of the gap {v['two_sigma_pct']:.1f}%"
+    if v["separated"]:
+        return f"{head}, beyond the noise ({noise})"
+    return f"{head}, within the noise ({noise}): as good as each other"
 
 
 def _what(metric: str, m: dict[str, Any]) -> str:

@@ -67,21 +67,52 @@ def all_confirmations(study: optuna.Study) -> dict[str, list[float]]:
     return merged
 
 
-def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]:
-    """The winner: highest mean of first measurement and confirmations; with the spread."""
+def _ranked(study: optuna.Study) -> list[tuple[FrozenTrial, list[float], float]]:
+    """The candidates (the confirmed configurations, or the best one) as (trial, runs, mean),
+    best mean first: runs are the first measurement and every confirmation."""
     confirmations = all_confirmations(study)
-    best, summary = None, {}
+    out = []
     for t in top_trials(study, max(len(confirmations), 1)):
         runs = [t.values[0], *confirmations.get(str(t.number), [])]
-        mean = sum(runs) / len(runs)
-        if best is None or mean > summary["mean"]:
-            best = t
-            summary = {
-                "mean": mean,
-                "runs": runs,
-                "spread_pct": 100 * (max(runs) - min(runs)) / mean if mean else 0.0,
-            }
-    return best, summary
+        out.append((t, runs, sum(runs) / len(runs)))
+    return sorted(out, key=lambda c: c[2], reverse=True)
+
+
+def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]:
+    """The winner: highest mean of first measurement and confirmations; with the spread."""
+    ranked = _ranked(study)
+    if not ranked:
+        return None, {}
+    best, runs, mean = ranked[0]
+    spread = 100 * (max(runs) - min(runs)) / mean if mean else 0.0
+    return best, {"mean": mean, "runs": runs, "spread_pct": spread}
+
+
+def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
+    """How far the winner's mean is ahead of the runner-up's, against the run-to-run noise.
+
+    The noise is the relative standard deviation pooled over every candidate with two runs or
+    more (one configuration's runs differ by a few %: bench_search's noise table); the gap is
+    real ("separated") when it exceeds twice the standard error of the difference of the two
+    means (~95%). None with fewer than two candidates; `separated` None when no candidate ran
+    twice (nothing to judge the noise by).
+    """
+    ranked = _ranked(study)
+    if len(ranked) < 2:
+        return None
+    (_, w_runs, w_mean), (second, r_runs, r_mean) = ranked[0], ranked[1]
+    squares, dof = 0.0, 0
+    for _, runs, mean in ranked:
+        if len(runs) > 1 and mean > 0:
+            squares += sum(((x - mean) / mean) ** 2 for x in runs)
+            dof += len(runs) - 1
+    gap = 100 * (w_mean - r_mean) / w_mean if w_mean else 0.0
+    out: dict[str, Any] = {"runner_up": second.number, "runner_up_mean": r_mean, "gap_pct": gap}
+    if dof == 0:
+        return {**out, "noise_pct": None, "two_sigma_pct": None, "separated": None}
+    cv = (squares / dof) ** 0.5
+    two_sigma = 200 * cv * (1 / len(w_runs) + 1 / len(r_runs)) ** 0.5
+    return {**out, "noise_pct": 100 * cv, "two_sigma_pct": two_sigma, "separated": gap > two_sigma}
 
 
 def server_info_of(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
