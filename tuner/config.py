@@ -303,6 +303,7 @@ class BudgetSection(Model):
     trial_timeout: Duration = 3600  # one trial end to end (restart + load)
     confirm_top: int = Field(3, ge=0)
     confirm_repeats: int = Field(2, ge=1)
+    confirm_extra: int = Field(2, ge=0, le=10)  # rounds re-running winner and runner-up in noise
     infra_retries: int = Field(2, ge=0)
     #: this many trials in a row failing for the world's reasons stop the study (exit 1)
     max_consecutive_infra_failures: int = Field(3, ge=1)

@@ -48,7 +48,14 @@ from tuner.errors import (
 )
 from tuner.innertrial import sampled_space
 from tuner.progress import TrialStarted
-from tuner.results import CONFIRM_ATTR, completed, measured_before, top_trials
+from tuner.results import (
+    CONFIRM_ATTR,
+    best_trial,
+    completed,
+    measured_before,
+    top_trials,
+    versus_runner_up,
+)
 from tuner.runner import TrialRunner
 from tuner.space import active_params, condition_holds, sample, sglang_defaults
 from tuner.trial import (
@@ -389,6 +396,8 @@ class Tuning:
 
     def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
         """Re-run the best few feasible configs `repeats` times; the study keeps every value.
+        Then, while the winner is within the run-to-run noise of the runner-up, both run once
+        more (at most `budget.confirm_extra` rounds): a winner by luck loses its lead.
 
         A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run
         again, at most budget.infra_retries times per config, then that config's confirmation
@@ -400,20 +409,19 @@ class Tuning:
         confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(key) or {})
         try:
             for t in top_trials(self.study, top):
-                runs = confirmations.setdefault(str(t.number), [])
-                spoiled = 0
-                while len(runs) < repeats:
-                    value = self._confirm_once(t, len(runs) + 1)
-                    if value is None:
-                        spoiled += 1
-                        if spoiled > self.cfg.budget.infra_retries:
-                            raise InfraError(
-                                f"trial {t.number}: {spoiled} confirmation runs failed for "
-                                "reasons outside the configuration"
-                            )
-                        continue
-                    runs.append(value)
-                    self.study.set_user_attr(key, confirmations)
+                self._confirm_runs(t, confirmations, key, repeats)
+            for _ in range(self.cfg.budget.confirm_extra if top > 1 else 0):
+                versus = versus_runner_up(self.study)
+                best, _ = best_trial(self.study)
+                # tied with no noise (a plateau measured exactly) is as settled as separated
+                unsettled = versus is not None and versus["separated"] is False
+                if not unsettled or not versus["noise_pct"] or best is None:
+                    break
+                for number in (best.number, versus["runner_up"]):
+                    runs = confirmations.get(str(number), [])
+                    self._repeats = len(runs) + 1
+                    t = self.study.get_trials(deepcopy=False)[number]  # numbers are indexes
+                    self._confirm_runs(t, confirmations, key, len(runs) + 1)
         except InfraError as exc:
             # the study itself is done: export what is confirmed so far rather than nothing
             self.stats.infra_failures += 1
@@ -422,6 +430,25 @@ class Tuning:
             self._stop_quietly()
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return confirmations
+
+    def _confirm_runs(
+        self, t: FrozenTrial, confirmations: dict[str, list[float]], key: str, until: int
+    ) -> None:
+        """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried)."""
+        runs = confirmations.setdefault(str(t.number), [])
+        spoiled = 0
+        while len(runs) < until:
+            value = self._confirm_once(t, len(runs) + 1)
+            if value is None:
+                spoiled += 1
+                if spoiled > self.cfg.budget.infra_retries:
+                    raise InfraError(
+                        f"trial {t.number}: {spoiled} confirmation runs failed for "
+                        "reasons outside the configuration"
+                    )
+                continue
+            runs.append(value)
+            self.study.set_user_attr(key, confirmations)
 
     def _confirm_once(self, t: FrozenTrial, n: int) -> float | None:
         """One confirmation run's value; None when the world spoiled it."""

@@ -386,3 +386,37 @@ def test_a_flag_the_server_rejects_stops_the_study(tmp_path: Path) -> None:
     assert "--cuda-graph-max-bs-decode" in str(err.value)  # says what replaced it, and since when
     assert "\n" not in str(err.value)
     assert len(server.restarts) == 1  # one restart spent, not a night of them
+
+
+@pytest.mark.parametrize(("gap", "extra_rounds"), [(0.01, 2), (0.5, 0)])
+def test_confirmation_reruns_a_winner_inside_the_noise(
+    tmp_path: Path, gap: float, extra_rounds: int
+) -> None:
+    # two configurations, `gap` apart in truth, each run +-5% noise: 1% apart is not settled by
+    # 2 runs each, so both run again (budget.confirm_extra rounds); 50% apart needs nothing more
+    import random
+
+    space = {"mem-fraction-static": {"choices": [0.8, 0.9]}, "concurrency": {"choices": [16]}}
+    data = {**STUDY, "space": space}
+    data["budget"] = {"confirm_top": 2, "confirm_repeats": 1, "confirm_extra": 2}
+    cfg, study, server, tuning = setup(tmp_path, data)
+    rng = random.Random(3)
+    runner = tuning.runner
+
+    def run_load(url: str, client: dict) -> Load:
+        mfs = float(runner.flags_for_last.get("mem-fraction-static", 0.8))
+        tput = 1000.0 * (1 + (gap if mfs == 0.9 else 0.0)) * rng.uniform(0.95, 1.05)
+        return Load({"output_throughput": tput, "p99_ttft_ms": 10.0, "error_rate": 0.0})
+
+    original = runner.flags_for
+
+    def flags_for(params):
+        runner.flags_for_last = original(params)
+        return runner.flags_for_last
+
+    runner.flags_for, runner.run_load = flags_for, run_load
+    study.enqueue_trial({"mem-fraction-static": 0.8, "concurrency": 16})
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 16})
+    tuning.optimize(2, None)
+    confirmations = tuning.confirm(top=2, repeats=1)
+    assert sorted(len(v) for v in confirmations.values()) == [1 + extra_rounds] * 2
