@@ -9,21 +9,12 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
-from tests.helpers.played import MODEL, NEW, OLD, VERSIONS, played, post, sse
+from tests.helpers.played import MODEL, NEW, OLD, post, sse
 
 OA = "sglang/srt/entrypoints/openai"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 HEX_ID = re.compile(r"[0-9a-f]{32}")
-
-
-@pytest.fixture(scope="module", params=VERSIONS)
-def sim(request):
-    with played(request.param) as proc:
-        proc.version = request.param
-        yield proc
 
 
 def chat_body(content: str = "hello there", **kw) -> dict:

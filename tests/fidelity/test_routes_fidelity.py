@@ -8,17 +8,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from tests.helpers.played import MODEL, NEW, OLD, VERSIONS, call, get, played, post
+from tests.helpers.played import MODEL, NEW, OLD, call, get, post
 from tuner.sim.httproutes import routes_for
-
-
-@pytest.fixture(scope="module", params=VERSIONS)
-def sim(request):
-    with played(request.param) as proc:
-        proc.version = request.param
-        yield proc
 
 
 def test_probes(sim):

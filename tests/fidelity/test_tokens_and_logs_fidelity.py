@@ -13,9 +13,8 @@ import re
 import time
 
 import aiohttp
-import pytest
 
-from tests.helpers.played import OLD, VERSIONS, played, post
+from tests.helpers.played import OLD, post
 from tuner.sim import tokens
 
 
@@ -44,13 +43,6 @@ def test_counts():
     prose = "Hello, world! It's 2026: the year 12345 began."
     assert tokens.count_tokens(prose) > len(prose.split())
     assert tokens.encode("same text") == tokens.encode("same text")  # prefix caching on text
-
-
-@pytest.fixture(scope="module", params=VERSIONS)
-def sim(request):
-    with played(request.param) as proc:
-        proc.version = request.param
-        yield proc
 
 
 def test_generated_text_retokenizes_to_the_reported_count(sim):
