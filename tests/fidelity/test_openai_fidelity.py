@@ -160,6 +160,9 @@ def test_stop_string_ends_and_trims(sim):
     choice = body["choices"][0]
     assert status == 200 and choice["finish_reason"] == "stop" and choice["matched_stop"] == " the"
     text = choice["message"]["content"]
+    if text is None:  # the stop string came first: OLD sends an empty content as null
+        assert sim.version == OLD
+        text = ""
     assert " the" not in text  # trimmed before the stop string
     generated = body["usage"]["completion_tokens"]
     assert generated < 400
