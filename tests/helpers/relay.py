@@ -10,7 +10,7 @@
         relay.chaos(5.0, seed=1)             # cut a random live connection ~5 times a second
         relay.chaos(0)                       # stop the chaos
         relay.cut_after_bytes(1240)          # cut new connections once the client sent > 1240 B
-        relay.first_chunks                   # sizes of the last connection's first client reads
+        relay.first_bytes                    # the last connection's first client bytes (<= 8 KiB)
         relay.stats                          # accepted, refused, cut counts
 
 Threads, not asyncio: one acceptor, two pumps per connection, one chaos thread. A cut shuts
@@ -26,6 +26,9 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+
+#: how many of a connection's first client bytes are kept (first_bytes)
+HEAD_BYTES = 8192
 
 #: how often blocking calls wake up to notice close() (seconds)
 POLL_S = 0.1
@@ -50,7 +53,7 @@ class _Conn:
         self.upstream = upstream
         self.cut_after = cut_after
         self.sent_up = 0
-        self.chunks: list[int] = []
+        self.head = bytearray()  # the client's first bytes, whatever the TCP segmentation
         self._closed = threading.Lock()
         self.closed = False
 
@@ -79,7 +82,7 @@ class Relay:
         self._refuse_until: float | None = None  # monotonic deadline; inf = until accept()
         self._cut_after: int | None = None
         #: sizes of the first client->target reads of the latest connection (protocol probing)
-        self.first_chunks: list[int] = []
+        self._first: _Conn | None = None
         self._stop = threading.Event()
         self._chaos_stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
@@ -116,6 +119,12 @@ class Relay:
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
     # -- commands -------------------------------------------------------------------------
+
+    @property
+    def first_bytes(self) -> bytes:
+        """The first bytes the last accepted connection's client sent (b'' before any)."""
+        with self._lock:
+            return bytes(self._first.head) if self._first else b""
 
     def live(self) -> int:
         """How many connections are being relayed now."""
@@ -196,7 +205,7 @@ class Relay:
             with self._lock:
                 self._conns.add(conn)
                 self.stats.accepted += 1
-                self.first_chunks = conn.chunks
+                self._first = conn
             self._spawn(self._pump, "relay-up", conn, client, upstream)
             self._spawn(self._pump, "relay-down", conn, upstream, client)
 
@@ -207,8 +216,8 @@ class Relay:
                 if not data:
                     break
                 if src is conn.client:
-                    if len(conn.chunks) < 32:
-                        conn.chunks.append(len(data))
+                    if len(conn.head) < HEAD_BYTES:
+                        conn.head += data[: HEAD_BYTES - len(conn.head)]
                     conn.sent_up += len(data)
                     if conn.cut_after is not None and conn.sent_up > conn.cut_after:
                         with self._lock:

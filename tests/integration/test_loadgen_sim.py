@@ -56,7 +56,10 @@ def test_client_tokens_equal_server_generation_delta(sim: SimProc, backend: str)
     server_rate = res.server.generation_tokens / res.duration_s
     assert m.output_throughput == pytest.approx(server_rate, rel=0.02)
     assert res.server.samples >= 1 and res.server.mean_running_reqs is not None
-    assert res.self_check.ok, res.self_check.reasons
+    # the client measured itself (its verdict depends on the machine's load, so not asserted)
+    sc = res.self_check
+    assert sc.loop_lag_max_ms > 0 and sc.cpu_fraction > 0, sc
+    assert sc.ok == (not sc.reasons), sc
     assert m.ttft_ms.mean > 0 and m.itl_ms.n > 0 and m.concurrency > 1
 
 

@@ -108,13 +108,39 @@ def test_refuse_for_a_while(relay: Relay) -> None:
     assert _banner(relay.port).startswith(b"SSH-2.0")
 
 
+def _clear_text_bytes(stream: bytes) -> int:
+    """Bytes of an SSH client's stream up to and including NEWKEYS (RFC 4253 section 6).
+
+    Parsed from the bytes, not from recv() sizes: TCP may split or join packets on a busy host.
+    Before NEWKEYS every packet is clear text: uint32 length, padding length, message type...
+    """
+    end = stream.index(b"\r\n") + 2  # the identification line
+    while True:
+        length = int.from_bytes(stream[end : end + 4], "big")
+        msg_type = stream[end + 5]
+        end += 4 + length
+        assert end <= len(stream), "NEWKEYS not within the first bytes kept"
+        if msg_type == 21:  # SSH_MSG_NEWKEYS: the last clear-text packet
+            return end
+
+
 def _handshake_bytes(host: SSHHost, relay: Relay) -> int:
     """Bytes the client sends before authentication: banner, KEXINIT, ECDH init, NEWKEYS."""
     host.close()
     assert host.run_shell("true").ok
-    chunks = relay.first_chunks
-    assert chunks[3] == 16, chunks  # NEWKEYS: the last clear-text packet
-    return sum(chunks[:4])
+    stream = relay.first_bytes
+    assert stream.startswith(b"SSH-2.0-"), stream[:32]
+    return _clear_text_bytes(stream)
+
+
+def test_clear_text_bytes_parses_packets_not_reads() -> None:
+    def packet(msg_type: int, body: bytes = b"") -> bytes:
+        payload = bytes([msg_type]) + body
+        pad = 8 - (5 + len(payload)) % 8 + 8
+        return (1 + len(payload) + pad).to_bytes(4, "big") + bytes([pad]) + payload + bytes(pad)
+
+    head = b"SSH-2.0-x\r\n" + packet(20, b"k" * 900) + packet(30, b"e" * 36) + packet(21)
+    assert _clear_text_bytes(head + b"encrypted...") == len(head)
 
 
 def test_cut_during_authentication_is_unreachable(host: SSHHost, relay: Relay) -> None:
