@@ -16,17 +16,18 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.capacity import kv_layout
+from tuner.capacity import GB, kv_layout
 from tuner.check import before_night
 from tuner.config import StudyConfig
 from tuner.container_runtime import ContainerRuntime
 from tuner.endpoint import Endpoint
-from tuner.errors import ConfigError, HostUnreachable, ModelConfigError
+from tuner.errors import ConfigError, HostUnreachable, InfraError, ModelConfigError
 from tuner.export import write_best
+from tuner.innertrial import trial_time_problem
 from tuner.lifecycle import Server
 from tuner.loadgen import LoadProgress, LoadResult, load_options, run_load_sync
 from tuner.modelcfg import load_model_config
-from tuner.precheck import Hardware, parallel_sizes
+from tuner.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
 from tuner.progress import ProgressEvent, RunStarted
 from tuner.results import feasible_trials
 from tuner.runner import TrialRunner
@@ -42,6 +43,8 @@ from tuner.worklock import WorkerLock, lock_path, marker_for, others_alive
 #: a trial is discarded when the client lags; 50 ms p99 flags healthy runs on a shared 2-core
 #: machine, while a client that is really the bottleneck lags by far more
 STUDY_MAX_LOOP_LAG_MS = 250.0
+#: seconds /proc/meminfo may take to read on the target (the study's first command there)
+MEMINFO_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -206,6 +209,10 @@ def _run(
     """Stop lost servers, recover zombies, seed trial 0, optimize, confirm the best."""
     for pgid, command in seams.server.stop_strays():
         events.say(f"stopped a server an earlier run left behind (pgid {pgid}: {command[:80]})")
+    # read after the strays are gone: a lost server's pinned HiCache is not a tenant's
+    judge_by_available_ram(seams, events)
+    if (problem := trial_time_problem(cfg)) is not None:
+        events.say(f"warning: {problem}")
     result.recovered = tuning.recover()
     if result.recovered:
         events.say(
@@ -230,6 +237,34 @@ def _run(
         events.say(confirming(budget.confirm_top, n))
         tuning.confirm(budget.confirm_top, n)
         result.confirm_error = tuning.confirm_error
+
+
+def judge_by_available_ram(seams: Seams, events: Events) -> None:
+    """Let the pre-check judge HiCache sizes by the host RAM available now (/proc/meminfo on
+    the target), not only the total the study file states: another tenant's memory is not the
+    server's. Not for the simulator (its host RAM is its profile's), nor when it cannot be read
+    (then the study file's figure stands, as before)."""
+    if seams.launch.simulated:
+        return
+    try:
+        res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)
+    except InfraError:
+        return
+    info = parse_meminfo(res.stdout) if res.ok else {}
+    if "MemTotal" not in info or "MemAvailable" not in info:
+        return
+    runner = seams.runner
+    before = runner.hardware.host_ram_gb
+    runner.hardware = with_available_ram(runner.hardware, info["MemTotal"], info["MemAvailable"])
+    now = runner.hardware.host_ram_gb
+    if now is not None and now != before:
+        said = (
+            f"hardware.host_ram_gb {before:g}" if before is not None else "no hardware.host_ram_gb"
+        )
+        events.say(
+            f"host RAM: {info['MemAvailable'] / GB:.1f} GB of {info['MemTotal'] / GB:.1f} GB "
+            f"available now; HiCache sizes are judged by {now:.1f} GB ({said})"
+        )
 
 
 def confirming(top: int, repeats: int) -> str:

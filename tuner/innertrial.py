@@ -65,6 +65,33 @@ def sampled_space(cfg: StudyConfig) -> dict[str, ParamSpec]:
     return dict(cfg.space)
 
 
+#: a duration-bound load run takes its window plus warm-up, cache flush and the cut's drain:
+#: about this share of the window more, and this many seconds (measured on the simulator)
+RUN_OVERHEAD = 0.1
+RUN_OVERHEAD_S = 5.0
+
+
+def trial_time_problem(cfg: StudyConfig) -> str | None:
+    """A warning when budget.trial_timeout cannot hold the inner search's load runs (the search
+    then stops at the deadline with fewer points than budget.inner_runs); None when it can or
+    when the runs' length is not known (a request-count bound)."""
+    window = cfg.workload.duration_s
+    if not inner_mode(cfg) or window is None:
+        return None
+    runs, limit = cfg.budget.inner_runs, float(cfg.budget.trial_timeout)
+    each = window * (1 + RUN_OVERHEAD) + RUN_OVERHEAD_S
+    if runs * each <= limit:
+        return None
+    fits = max(1, int(limit // each))
+    return (
+        f"budget.trial_timeout {limit:g} s holds about {fits} of the inner search's "
+        f"{runs} load runs (budget.inner_runs; ~{each:.0f} s each with a {window:g} s window), "
+        f"before counting the server's start: each server would be searched with fewer points. "
+        f"Raise budget.trial_timeout to at least {runs * each:.0f} s plus the start-up time, "
+        "or lower budget.inner_runs"
+    )
+
+
 def mode_problem(cfg: StudyConfig) -> tuple[str, str] | None:
     """(key, why) when `search:` is set where it cannot work; None when it is fine."""
     for name, spec in cfg.space.items():

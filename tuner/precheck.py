@@ -17,6 +17,10 @@ from typing import Any
 from tuner import capacity as cap
 from tuner.sglang.flags import normalize_flags
 
+#: host RAM kept back beyond SGLang's own 10 GiB reserve, for the server's other processes
+#: (tokenizer, detokenizer, the Python heap) which the reserve does not cover
+HOST_RAM_MARGIN = 0.05
+
 #: flags that change how much GPU memory is left besides the KV pool: a CUDA-graph failure only
 #: predicts another when all of these are equal
 #: (canonical names: flags are read through SGLang's aliases, so `tp: 8` is TP 8)
@@ -208,3 +212,24 @@ def hicache_ram_problem(size_gb: float, host_ram_bytes: float, tp: int, dp: int)
         f"{ranks} ranks x {size_gb:g} GB = {ranks * size_gb:,.0f} GB of pinned host RAM; the "
         f"host has {host_ram_bytes / cap.GB:.0f} GB (largest that fits: {limit} GB per rank)"
     )
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> field -> bytes (its kB are KiB)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def with_available_ram(hw: Hardware, total: int, available: int) -> Hardware:
+    """The host RAM HiCache sizes are judged by: MemAvailable now (bytes) less HOST_RAM_MARGIN
+    of MemTotal, as `tuner check` computes it; never more than hardware.host_ram_gb says.
+    What other tenants (or a page cache that will not shrink) hold is not the server's."""
+    usable = max(0.0, (available - HOST_RAM_MARGIN * total) / cap.GB)
+    if hw.host_ram_gb is not None and hw.host_ram_gb <= usable:
+        return hw
+    return replace(hw, host_ram_gb=usable)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.config import TargetSection
@@ -60,6 +61,18 @@ def env_secret(name: str | None, key: str) -> str | None:
     return value
 
 
+#: a launch that runs `python -m tuner.sim` plays SGLang on this machine (simulator studies)
+SIM_MODULE = "tuner.sim"
+
+
+def sim_args(argv: Sequence[str]) -> list[str] | None:
+    """The simulator's own arguments in a launch argv (after `-m tuner.sim`), or None."""
+    for i in range(len(argv) - 1):
+        if argv[i] == "-m" and argv[i + 1] == SIM_MODULE:
+            return list(argv[i + 2 :])
+    return None
+
+
 @dataclass(frozen=True)
 class Launch:
     """How servers are started on the target: argv prefix, inline environment, a marker."""
@@ -79,6 +92,11 @@ class Launch:
         if target.gpus:
             env["CUDA_VISIBLE_DEVICES"] = target.gpus
         return cls(template, env)
+
+    @property
+    def simulated(self) -> bool:
+        """The server is tuner's simulator: its GPUs and host RAM are its profile's."""
+        return sim_args(self.template) is not None
 
     @property
     def marker(self) -> str:

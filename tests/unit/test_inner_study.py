@@ -109,3 +109,31 @@ def test_search_is_refused_where_it_cannot_work() -> None:
     data = demo(search="bogus")
     with pytest.raises(ConfigError, match=r"space\.concurrency\.search"):
         parse_study(data, "d.yaml")
+
+
+def test_a_trial_timeout_too_short_for_the_inner_runs_is_warned_about(tmp_path: Path) -> None:
+    from tuner.api import Events
+    from tuner.check.reading import trial_time
+    from tuner.innertrial import trial_time_problem
+
+    d = demo()
+    d["workload"]["duration_s"] = 30
+    d["budget"].update(trial_timeout="2m", inner_runs=5)  # 5 runs of ~38 s do not fit 120 s
+    cfg = parse_study(d, "short.yaml")
+    problem = trial_time_problem(cfg)
+    assert problem is not None and "holds about 3 of the inner search's 5 load runs" in problem
+    assert trial_time(cfg).status == "warn"
+    said: list[str] = []
+    tune(
+        cfg,
+        runs_dir=tmp_path,
+        n_trials=1,
+        events=Events(on_message=said.append),
+        make_seams=virtual_seams(0),
+    )
+    assert any(s.startswith("warning: budget.trial_timeout 120 s") for s in said), said
+    # enough time, a fixed concurrency, or a count-bound run: nothing to say
+    d["budget"]["trial_timeout"] = "4m"
+    assert trial_time_problem(parse_study(d, "long.yaml")) is None
+    d["space"]["concurrency"] = {"choices": [8, 16]}
+    assert trial_time_problem(parse_study(d, "joint.yaml")) is None

@@ -16,6 +16,7 @@ from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.probe import Probe, said
 from tuner.check.spacefacts import model_path, ranks, values_of
 from tuner.errors import ConfigError, PortHeldError, SetupError
+from tuner.precheck import HOST_RAM_MARGIN, parse_meminfo
 
 GPU_QUERY = "--query-gpu=index,name,memory.total,memory.free"
 APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory"
@@ -24,9 +25,6 @@ CSV = "--format=csv,noheader,nounits"
 GPU_MEM_TOLERANCE = 0.01
 #: a GPU with less than this share of its memory free has another tenant
 GPU_FREE_WARN = 0.95
-#: host RAM kept back beyond SGLang's own 10 GiB reserve, for the server's other processes
-#: (tokenizer, detokenizer, the Python heap) which the reserve does not cover
-HOST_RAM_MARGIN = 0.05
 #: the exit code of the GPU probe when the host has no nvidia-smi
 _NO_SMI = 3
 
@@ -133,17 +131,6 @@ def gpu_processes(p: Probe) -> CheckLine:
             SetupError,
         )
     return ok("gpu processes", "none holds GPU memory")
-
-
-def parse_meminfo(text: str) -> dict[str, int]:
-    """/proc/meminfo -> field -> bytes (its kB are KiB)."""
-    out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[key.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    return out
 
 
 def hicache_limit(available: int, total: int, tp: int, dp: int, pp: int) -> int:

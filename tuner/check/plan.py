@@ -41,6 +41,7 @@ CHECKS: tuple[Check, ...] = (
     Check("gpu processes", "gpu processes", machine.gpu_processes, ("gpus",)),
     Check("host ram", "host ram", machine.host_ram, ("shell",)),
     Check("capacity", "capacity", lambda p: reading.capacity(p.cfg)),
+    Check("trial time", "trial time", lambda p: reading.trial_time(p.cfg)),
     Check("model path", "model path", machine.model, ("workdir",)),
     Check("port", "port", machine.port, ("shell",)),
     Check("http path", "http path", httppath.http_path, ("port",)),

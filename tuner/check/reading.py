@@ -11,6 +11,7 @@ from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.spacefacts import largest, values_of
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, TunerError
+from tuner.innertrial import inner_mode, trial_time_problem
 from tuner.modelcfg import load_model_config
 from tuner.sglang.defaults import default_mem_fraction_static
 from tuner.sglang.flags import normalize_flags
@@ -72,3 +73,18 @@ def capacity(cfg: StudyConfig) -> CheckLine:
     if warnings:
         return warn("capacity", f"{text}; the pre-check rejects: " + "; ".join(warnings))
     return ok("capacity", text)
+
+
+def trial_time(cfg: StudyConfig) -> CheckLine:
+    """Does budget.trial_timeout hold the inner search's load runs?"""
+    if not inner_mode(cfg):
+        return skip("trial time", "concurrency is not searched on each server (no inner search)")
+    if (problem := trial_time_problem(cfg)) is not None:
+        return warn("trial time", problem)
+    window = cfg.workload.duration_s
+    each = "" if window is None else f" of a {window:g} s window"
+    return ok(
+        "trial time",
+        f"budget.trial_timeout {float(cfg.budget.trial_timeout):g} s holds the inner search's "
+        f"{cfg.budget.inner_runs} load runs{each} and a start",
+    )

@@ -41,8 +41,8 @@ from tuner.sim.profile import Profile, load_profile
 from tuner.sim.realtime import SimServer
 from tuner.sim.startup import Script, build_script
 from tuner.sim.virtual_load import Process
+from tuner.target import SIM_MODULE, sim_args  # noqa: F401  (re-exported: the sim's callers)
 
-SIM_MODULE = "tuner.sim"
 #: lines of the log a failure is classified from (lifecycle.Server's default tail)
 TAIL_LINES = 40
 VIRTUAL_MARK = " (virtual time)"
@@ -65,14 +65,6 @@ class VirtualClock:
 
     def advance(self, seconds: float) -> None:
         self.t += max(0.0, seconds)
-
-
-def sim_args(argv: Sequence[str]) -> list[str] | None:
-    """The simulator's own arguments in a launch argv (after `-m tuner.sim`), or None."""
-    for i in range(len(argv) - 1):
-        if argv[i] == "-m" and argv[i + 1] == SIM_MODULE:
-            return list(argv[i + 2 :])
-    return None
 
 
 class VirtualServer:
