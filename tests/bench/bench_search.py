@@ -51,13 +51,14 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.helpers.*
     sys.path.insert(0, str(REPO))
 
+from tests.bench.search_robust import ROBUST_RUNS, confirmed_pick, one_run, robust  # noqa: E402
 from tuner.api import Events, study_requests, tune  # noqa: E402
 from tuner.config import StudyConfig  # noqa: E402
 from tuner.launch import build_launch  # noqa: E402
 from tuner.runner import score_load  # noqa: E402
 from tuner.sim.virtual_server import VirtualServer  # noqa: E402
-from tuner.sim.virtual_study import VirtualLoad, virtual_seams  # noqa: E402
-from tuner.space import active_params, canonical, client_params, distributions, server_flags  # noqa: E402
+from tuner.sim.virtual_study import virtual_seams  # noqa: E402
+from tuner.space import active_params, canonical, distributions, server_flags  # noqa: E402
 from tuner.study import range_points  # noqa: E402
 from tuner.studyfile import parse_study  # noqa: E402
 from tuner.target import Launch  # noqa: E402
@@ -66,7 +67,7 @@ from tuner.trial import Attr, Status, full_params, measured_outcome, objective_v
 pytestmark = pytest.mark.bench
 
 BUDGETS = (5, 10, 15, 20, 40)
-STRATEGIES = ("default", "tpe", "random", "grid")
+STRATEGIES = ("default", "confirmed", "tpe", "random", "grid")
 NOISE_DURATIONS = (6, 15, 30)
 SIM = ["{python}", "-m", "tuner.sim", "--sim-startup-seconds", "1", "--sim-profile"]
 #: SQLite's fsync per commit dominates a virtual study on a disk; tmpfs when there is one
@@ -184,10 +185,11 @@ def strategy_data(case: str, strategy: str) -> dict[str, Any]:
     if INNER_RUNS[0] is not None:
         d.setdefault("budget", {})["inner_runs"] = INNER_RUNS[0]
     d["study"] = f"{d['study']}-{strategy}"
-    d.setdefault("budget", {})["confirm_top"] = 0
+    if strategy != "confirmed":  # the search alone; `confirmed` confirms as the file says
+        d.setdefault("budget", {})["confirm_top"] = 0
     d["budget"]["n_trials"] = 1000  # the restart budget ends the study
     d["budget"]["max_consecutive_infra_failures"] = 10
-    if strategy != "default":
+    if strategy not in ("default", "confirmed"):
         d.pop("baseline", None)
         d["budget"]["concurrency_probes"] = 0
         sampler = d.setdefault("sampler", {})
@@ -334,20 +336,19 @@ def truth(
         cfg = cfg.model_copy(
             update={"workload": cfg.workload.model_copy(update={"duration_s": duration_s})}
         )
-    server = VirtualServer(seed, noise=noise)
-    spec = build_launch(
-        Launch.of(cfg.target).template, {**cfg.server, **server_flags(params)}, cfg.target.port
-    )
-    if not server.restart(spec, "").ok:
+    got = one_run(cfg, requests_of(case), params, seed, noise)
+    if got is None:
         return 0.0
-    result = VirtualLoad(server, cfg, requests_of(case))("virtual", client_params(params))
-    if server.check() is not None:
-        return 0.0
-    metrics = score_load(result, cfg.objective.slo)
+    metrics = got[1]
     if raw:
         return objective_values(cfg.objective, metrics)[0]
     out = measured_outcome(cfg.objective, metrics, client_lagged=False)
     return out.values[0] if out.feasible else 0.0
+
+
+def robust_many(case: str, configs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Robust scores (search_robust.robust) of configurations."""
+    return {canonical(p): robust(study_cfg(case), requests_of(case), p) for p in configs}
 
 
 def server_grid(case: str) -> list[dict[str, Any]]:
@@ -441,11 +442,14 @@ def refine(case: str, scores: dict[str, float]) -> list[dict[str, Any]]:
 @dataclass
 class Report:
     case: str
-    optimum: float
+    optimum: float  # the best robust score (search_robust.robust)
     optimum_params: dict[str, Any]
     grid_cells: int
     runs: list[StudyRun] = field(default_factory=list)
-    truths: dict[str, float] = field(default_factory=dict)
+    truths: dict[str, float] = field(default_factory=dict)  # noise-free, one run
+    robust: dict[str, float] = field(default_factory=dict)
+    #: the `confirmed` strategy: seed -> restarts -> what the export would write
+    confirmed: dict[int, dict[int, dict[str, Any] | None]] = field(default_factory=dict)
 
     def feasible(self, params: dict[str, Any]) -> bool:
         """Could this configuration run within its SLOs? A server configuration (inner mode:
@@ -460,7 +464,13 @@ class Report:
     def ratio(self, params: dict[str, Any] | None) -> float:
         if params is None or self.optimum <= 0:
             return 0.0
-        return self.truths.get(canonical(params), 0.0) / self.optimum
+        return self.robust.get(canonical(params), 0.0) / self.optimum
+
+    def picks(self) -> list[dict[str, Any]]:
+        """Every configuration a table scores."""
+        out = [pick(upto(r.rows, n)) for r in self.runs for n in BUDGETS]
+        out += [p for by_n in self.confirmed.values() for p in by_n.values()]
+        return [p for p in out if p is not None]
 
 
 def _med_worst(values: Sequence[float]) -> str:
@@ -473,15 +483,24 @@ def tables(rep: Report, budgets: Sequence[int]) -> str:
     """The case's tables as text."""
     lines = [
         f"\n== {CASES[rep.case].title}: optimum {rep.optimum:,.0f} at {rep.optimum_params} "
-        f"({rep.grid_cells} configurations scored)",
-        "best/optimum, median/worst of seeds, after N restarts:",
+        f"({rep.grid_cells} configurations scored noise-free, {len(rep.robust)} robustly: "
+        f"{ROBUST_RUNS[0]} noisy starts, SLOs pooled)",
+        "best/optimum (robust scores), median/worst of seeds, after N restarts"
+        " (confirmed: the search stopped there, then the tuner's confirmation; - not run):",
         f"{'strategy':10s}" + "".join(f"{n:>14d}" for n in budgets),
     ]
     by = {s: [r for r in rep.runs if r.strategy == s] for s in STRATEGIES}
-    for s, runs in by.items():
-        if not runs:
+    for s in STRATEGIES:
+        if s == "confirmed" and rep.confirmed:
+            at = [
+                [rep.ratio(by_n[n]) for by_n in rep.confirmed.values() if n in by_n]
+                for n in budgets
+            ]
+            cells = [_med_worst(xs) for xs in at]
+        elif by[s]:
+            cells = [_med_worst([rep.ratio(pick(upto(r.rows, n))) for r in by[s]]) for n in budgets]
+        else:
             continue
-        cells = [_med_worst([rep.ratio(pick(upto(r.rows, n))) for r in runs]) for n in budgets]
         lines.append(f"{s:10s}" + "".join(f"{c:>14s}" for c in cells))
     lines.append(
         "spent (median over seeds): restarts / load runs / trials at each budget; wall s per study"
@@ -581,6 +600,19 @@ def _truth_task(args: tuple[str, list[dict[str, Any]]]) -> dict[str, float]:
     return truth_many(*args)
 
 
+def _robust_task(args: tuple[str, list[dict[str, Any]]]) -> dict[str, float]:
+    return robust_many(*args)
+
+
+def _confirm_task(args: tuple[str, int, int]) -> tuple[int, int, dict[str, Any] | None]:
+    case, seed, n = args
+    return seed, n, confirmed_pick(study_cfg(case, "confirmed"), requests_of(case), seed, n)
+
+
+#: `--top`: the best noise-free configurations scored robustly besides the picks
+TOP = [24]
+
+
 def bench(
     cases: Sequence[str],
     strategies: Sequence[str],
@@ -591,8 +623,9 @@ def bench(
     http: int,
     out=print,
     cache: Path | None = None,
+    confirm_at: Sequence[int] = (15,),
 ) -> list[Report]:
-    """Brute force, the studies, then the tables, per case."""
+    """Brute force, the studies, the robust scores, then the tables, per case."""
     reports = []
     with ProcessPoolExecutor(jobs) as pool:
         for case in cases:
@@ -605,41 +638,54 @@ def bench(
                 if cached is not None:
                     cached.parent.mkdir(parents=True, exist_ok=True)
                     cached.write_text(json.dumps(scores))
-            key = max(scores, key=lambda k: scores[k])
-            rep = Report(case, scores[key], json.loads(key), len(scores), truths=scores)
+            rep = Report(case, 0.0, {}, len(scores), truths=scores)
             out(
                 f"[{case}] brute force: {len(scores)} configurations in {time.perf_counter() - t0:.0f} s"
             )
-            tasks = [(case, s, seed, max(budgets)) for s in strategies for seed in range(seeds)]
+            searched = [s for s in strategies if s != "confirmed"]
+            tasks = [(case, s, seed, max(budgets)) for s in searched for seed in range(seeds)]
             t0 = time.perf_counter()
             rep.runs = list(pool.map(_study_task, tasks))
             out(f"[{case}] {len(tasks)} studies in {time.perf_counter() - t0:.0f} s")
-            todo = {
-                canonical(p): p
-                for r in rep.runs
-                for p in [
-                    *(pick(upto(r.rows, n)) for n in budgets),
-                    *(
-                        x.params
-                        for x in r.rows
-                        if x.status == Status.REJECTED and "concurrency" in x.params
-                    ),
-                ]
-                if p is not None and canonical(p) not in rep.truths
-            }
-            for part in pool.map(_truth_task, _chunks(case, list(todo.values()), jobs)):
-                rep.truths.update(part)
-            # a study may pick a configuration between the grid's points that beats them all:
-            # the optimum is the best configuration anything scored
-            key = max(rep.truths, key=lambda k: rep.truths[k])
-            if rep.truths[key] > rep.optimum:
-                out(f"[{case}] a study's pick beat the grid's best {rep.optimum:,.0f}")
-                rep.optimum, rep.optimum_params = rep.truths[key], json.loads(key)
+            if "confirmed" in strategies:
+                t0 = time.perf_counter()
+                ctasks = [(case, seed, n) for seed in range(seeds) for n in confirm_at]
+                for seed, n, params in pool.map(_confirm_task, ctasks):
+                    rep.confirmed.setdefault(seed, {})[n] = params
+                out(f"[{case}] {len(ctasks)} confirmed studies in {time.perf_counter() - t0:.0f} s")
+            _score_picks(rep, budgets, pool, jobs, out)
             out(tables(rep, budgets))
             if noise_seeds:
                 out(noise_table(case, rep.optimum_params, noise_seeds, http))
             reports.append(rep)
     return reports
+
+
+def _score_picks(
+    rep: Report, budgets: Sequence[int], pool: ProcessPoolExecutor, jobs: int, out=print
+) -> None:
+    """Noise-free scores of the picks (what the pre-check's rejections are judged by), robust
+    scores of the picks and of the best noise-free configurations; the optimum is the best
+    robust score anything got."""
+    case, t0 = rep.case, time.perf_counter()
+    rejected = [
+        x.params
+        for r in rep.runs
+        for x in r.rows
+        if x.status == Status.REJECTED and "concurrency" in x.params
+    ]
+    todo = {canonical(p): p for p in [*rep.picks(), *rejected] if canonical(p) not in rep.truths}
+    for part in pool.map(_truth_task, _chunks(case, list(todo.values()), jobs)):
+        rep.truths.update(part)
+    best = sorted(rep.truths, key=lambda k: rep.truths[k], reverse=True)[: TOP[0]]
+    candidates = {canonical(p): p for p in [*(json.loads(k) for k in best), *rep.picks()]}
+    for part in pool.map(_robust_task, _chunks(case, list(candidates.values()), jobs)):
+        rep.robust.update(part)
+    key = max(rep.robust, key=lambda k: rep.robust[k])
+    rep.optimum, rep.optimum_params = rep.robust[key], json.loads(key)
+    out(
+        f"[{case}] {len(candidates)} configurations scored robustly in {time.perf_counter() - t0:.0f} s"
+    )
 
 
 def brute_force(case: str, pool: ProcessPoolExecutor, jobs: int) -> dict[str, float]:
@@ -682,8 +728,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--http", type=int, default=0, help="HTTP simulator runs per noise window")
     p.add_argument("--cache", type=Path, help="keep each case's brute force here between runs")
     p.add_argument("--inner-runs", type=int, help="budget.inner_runs of the studies")
+    p.add_argument("--confirm-at", default="15", help="restarts after which `confirmed` confirms")
+    p.add_argument("--robust-runs", type=int, default=ROBUST_RUNS[0], help="noisy starts per score")
+    p.add_argument(
+        "--top", type=int, default=TOP[0], help="best noise-free configs scored robustly"
+    )
     a = p.parse_args(argv)
     INNER_RUNS[0] = a.inner_runs
+    ROBUST_RUNS[0], TOP[0] = a.robust_runs, a.top
     budgets = [n for n in BUDGETS if n <= a.budget]
     bench(
         a.cases.split(","),
@@ -694,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         a.noise_seeds,
         a.http,
         cache=a.cache,
+        confirm_at=[int(x) for x in a.confirm_at.split(",")],
     )
 
 
