@@ -27,7 +27,7 @@ from tuner.results import (
     versus_runner_up,
 )
 from tuner.space import client_params, server_flags, tidy_params
-from tuner.trial import Attr, full_params
+from tuner.trial import SLO_METRICS, Attr, full_params
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 SERVER_FACTS = (
@@ -112,6 +112,12 @@ def render_yaml(data: dict[str, Any]) -> str:
             f"confirmed over {len(conf['runs'])} runs: mean {conf['mean']:,.1f} "
             f"({data['objective']}), spread {conf['spread_pct']:.1f}%"
         )
+    if conf.get("pooled"):
+        header.append(_pooled(conf["pooled"]))
+    # not empty only when every candidate missed: the winner is the least bad, and says so
+    header += [
+        f"WARNING: no candidate holds its SLOs pooled: {m}" for m in conf.get("pooled_missed", ())
+    ]
     if "versus_runner_up" in data:
         header.append(_versus(data["versus_runner_up"]))
     if data["client"]:
@@ -142,6 +148,29 @@ def _versus(v: dict[str, Any]) -> str:
     if v["separated"]:
         return f"{head}, beyond the noise ({noise})"
     return f"{head}, within the noise ({noise}): as good as each other"
+
+
+def _pooled(p: dict[str, Any]) -> str:
+    """The winner's p99s over every request of its runs together (results._pooled), e.g.
+    `pooled over 3 runs (1,512 requests): p99 TTFT 812 ms, p99 TPOT 41.3 ms (limits 1000, 50)`."""
+    limits = p.get("limits") or {}
+    shown = [k for k, _ in SLO_METRICS.values() if k in p and k in limits]
+    figures = [f"p99 {_NAMES[k]} {p[k]:,.{1 if k in _FINE else 0}f} ms" for k in shown]
+    if p.get("error_rate"):
+        figures.append(f"error rate {p['error_rate']:.2%}")
+    line = f"pooled over {p['runs']} runs ({p['ended']:,} requests): " + ", ".join(figures)
+    if not shown:
+        return line
+    return line + f" (limit{'s' * (len(shown) > 1)} {', '.join(f'{limits[k]:g}' for k in shown)})"
+
+
+_NAMES = {
+    "p99_ttft_ms": "TTFT",
+    "p99_tpot_ms": "TPOT",
+    "p99_itl_ms": "ITL",
+    "p99_e2e_latency_ms": "E2E",
+}
+_FINE = ("p99_tpot_ms", "p99_itl_ms")  # tens of ms: one decimal, as the header's own p99s
 
 
 def _what(metric: str, m: dict[str, Any]) -> str:

@@ -6,17 +6,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.pooled import pooled_verdict
 from tuner.space import canonical
 from tuner.trial import Attr, is_feasible
 
 #: study attribute prefix of one worker's confirmation runs (+ ":" + worker)
 CONFIRM_ATTR = "tuner:confirmations"
+#: ... and of their latency tails, {trial: [tails or None, ...]} index by index with the values
+CONFIRM_TAILS_ATTR = "tuner:confirm_tails"
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:
@@ -67,51 +70,106 @@ def all_confirmations(study: optuna.Study) -> dict[str, list[float]]:
     return merged
 
 
-def _ranked(study: optuna.Study) -> list[tuple[FrozenTrial, list[float], float]]:
-    """The candidates (the confirmed configurations, or the best one) as (trial, runs, mean),
-    best mean first: runs are the first measurement and every confirmation."""
-    confirmations = all_confirmations(study)
+def aligned(values: Sequence[float], tails: Sequence[Any] | None) -> list[Any]:
+    """One worker's tails of one trial, index by index with its values: None for a run that kept
+    none (a death, a study before tails); a tail written just before a kill, without its value,
+    is dropped (the run is run again)."""
+    return [*(tails or ()), *[None] * len(values)][: len(values)]
+
+
+def all_confirm_tails(study: optuna.Study) -> dict[str, list[dict[str, Any] | None]]:
+    """Confirmation runs' tails by trial number, aligned with `all_confirmations`' values."""
+    attrs = study.user_attrs
+    merged: dict[str, list[dict[str, Any] | None]] = {}
+    for key, runs in attrs.items():
+        if key.startswith(CONFIRM_ATTR + ":"):
+            tails = attrs.get(CONFIRM_TAILS_ATTR + key.removeprefix(CONFIRM_ATTR)) or {}
+            for trial, values in (runs or {}).items():
+                merged.setdefault(trial, []).extend(aligned(values, tails.get(trial)))
+    return merged
+
+
+class Candidate(NamedTuple):
+    """A configuration in the running for the winner."""
+
+    trial: FrozenTrial
+    runs: list[float]  # the first measurement and every confirmation's
+    mean: float  # what it ranks by: the runs' mean, 0.0 when it misses its SLOs pooled
+    pooled: dict[str, Any] | None  # pooled_metrics and the limits; None: no pooled verdict
+    missed: list[str]  # what the pooled figures miss
+
+
+def _pooled(t: FrozenTrial, tails: Sequence[Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The verdict on every request of the first run and the confirmation runs that kept tails,
+    made when one of those did: such a run's value counts whatever its own p99s were. Without one
+    (a study before tails) the runs' own verdicts stand, as they did."""
+    kept = [x for x in tails if x]
+    if not kept:
+        return None, []
+    runs = [t.user_attrs[Attr.TAILS], *kept] if t.user_attrs.get(Attr.TAILS) else kept
+    pooled, missed = pooled_verdict(runs)
+    return {**pooled, "limits": dict(runs[0].get("limits") or {})}, missed
+
+
+def _ranked(study: optuna.Study) -> list[Candidate]:
+    """The candidates (the confirmed configurations, or the best one), best first: by the mean of
+    the first measurement and every confirmation, 0.0 for one whose runs miss an SLO pooled."""
+    confirmations, tails = all_confirmations(study), all_confirm_tails(study)
     out = []
     for t in top_trials(study, max(len(confirmations), 1)):
         runs = [t.values[0], *confirmations.get(str(t.number), [])]
-        out.append((t, runs, sum(runs) / len(runs)))
-    return sorted(out, key=lambda c: c[2], reverse=True)
+        pooled, missed = _pooled(t, tails.get(str(t.number), []))
+        mean = 0.0 if missed else sum(runs) / len(runs)
+        out.append(Candidate(t, runs, mean, pooled, missed))
+    return sorted(out, key=lambda c: c.mean, reverse=True)
 
 
 def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]:
-    """The winner: highest mean of first measurement and confirmations; with the spread."""
+    """The winner: highest mean of first measurement and confirmations, among those that hold
+    their SLOs pooled over their runs; with the spread, and the pooled figures when judged so
+    (`pooled`, `pooled_missed`: not empty only when every candidate missed)."""
     ranked = _ranked(study)
     if not ranked:
         return None, {}
-    best, runs, mean = ranked[0]
+    best, runs, mean, pooled, missed = ranked[0]
     spread = 100 * (max(runs) - min(runs)) / mean if mean else 0.0
-    return best, {"mean": mean, "runs": runs, "spread_pct": spread}
+    summary: dict[str, Any] = {"mean": mean, "runs": runs, "spread_pct": spread}
+    if pooled is not None:
+        summary.update(pooled=pooled, pooled_missed=missed)
+    return best, summary
 
 
 def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
     """How far the winner's mean is ahead of the runner-up's, against the run-to-run noise.
 
     The noise is the relative standard deviation pooled over every candidate with two runs or
-    more (one configuration's runs differ by a few %: bench_search's noise table); the gap is
-    real ("separated") when it exceeds twice the standard error of the difference of the two
-    means (~95%). None with fewer than two candidates; `separated` None when no candidate ran
+    more (one configuration's runs differ by a few %: bench_search's noise table), each about its
+    runs' own mean (a candidate ranked 0.0 for a pooled miss still measured its throughput); the
+    gap is real ("separated") when it exceeds twice the standard error of the difference of the
+    two means (~95%). None with fewer than two candidates; `separated` None when no candidate ran
     twice (nothing to judge the noise by).
     """
     ranked = _ranked(study)
     if len(ranked) < 2:
         return None
-    (_, w_runs, w_mean), (second, r_runs, r_mean) = ranked[0], ranked[1]
+    winner, second = ranked[0], ranked[1]
+    w_mean, r_mean = winner.mean, second.mean
     squares, dof = 0.0, 0
-    for _, runs, mean in ranked:
-        if len(runs) > 1 and mean > 0:
-            squares += sum(((x - mean) / mean) ** 2 for x in runs)
-            dof += len(runs) - 1
+    for c in ranked:
+        mean = sum(c.runs) / len(c.runs)
+        if len(c.runs) > 1 and mean > 0:
+            squares += sum(((x - mean) / mean) ** 2 for x in c.runs)
+            dof += len(c.runs) - 1
     gap = 100 * (w_mean - r_mean) / w_mean if w_mean else 0.0
-    out: dict[str, Any] = {"runner_up": second.number, "runner_up_mean": r_mean, "gap_pct": gap}
+    out: dict[str, Any] = {
+        "runner_up": second.trial.number,
+        "runner_up_mean": r_mean,
+        "gap_pct": gap,
+    }
     if dof == 0:
         return {**out, "noise_pct": None, "two_sigma_pct": None, "separated": None}
     cv = (squares / dof) ** 0.5
-    two_sigma = 200 * cv * (1 / len(w_runs) + 1 / len(r_runs)) ** 0.5
+    two_sigma = 200 * cv * (1 / len(winner.runs) + 1 / len(second.runs)) ** 0.5
     return {**out, "noise_pct": 100 * cv, "two_sigma_pct": two_sigma, "separated": gap > two_sigma}
 
 

@@ -54,6 +54,7 @@ from tuner.innertrial import InnerSearch, died_at, inner_mode
 from tuner.launch import LaunchSpec, build_launch, redact_argv, server_log_path
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import goodput
+from tuner.pooled import tails_of
 from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.progress import PhaseChanged
 from tuner.sglang.failures import FailureClass, is_config_failure
@@ -360,7 +361,8 @@ class TrialRunner:
             return failed_outcome(objective, Status.WORLD, hung, HUNG, metrics=metrics, **kw)
         # a run cut by its error budget is the server's doing, not a client that lagged
         lagged = load.flagged and load.stopped != "error_budget"
-        return measured_outcome(objective, metrics, client_lagged=lagged, **kw)
+        tails = tails_of(load.records, objective.slo) if load.records else None  # poolable
+        return measured_outcome(objective, metrics, client_lagged=lagged, tails=tails, **kw)
 
     def _hang_after(self, load: LoadResult) -> str | None:
         """Why the run measured a hang rather than the configuration (the server is stopped

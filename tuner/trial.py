@@ -105,9 +105,14 @@ class Attr(StrEnum):
     BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
     LOAD_POINTS = "load_points"  # the inner search's load runs on its server (reportruns.py)
     CLIENT = "inner_client"  # the client params the inner search chose (its best point's)
+    #: the measured run's latency bins and request counts (pooled.tails_of; inner: the best
+    #: point's), pooled with its confirmation runs' for the winner's verdict (results.py)
+    TAILS = "latency_tails"
 
 
-#: the attributes an outcome writes; copied as a whole when a duplicate is answered
+#: the attributes an outcome writes; copied as a whole when a duplicate is answered. Not
+#: `Attr.TAILS`: the tails are one run's requests, pooled once, for the trial that ran them (a
+#: duplicate is no candidate, and a copy would be the same requests counted twice)
 OUTCOME_ATTRS = (
     Attr.STATUS,
     Attr.REASON,
@@ -145,6 +150,7 @@ class TrialOutcome:
     flags: Mapping[str, Any] = field(default_factory=dict)
     points: tuple[Mapping[str, Any], ...] = ()  # the inner search's load runs (innertrial.py)
     client: Mapping[str, Any] = field(default_factory=dict)  # the inner search's best
+    tails: Mapping[str, Any] | None = None  # a measured run's pooled.tails_of (None: none kept)
 
     @property
     def feasible(self) -> bool:
@@ -167,6 +173,8 @@ class TrialOutcome:
         if self.points:
             attrs[Attr.LOAD_POINTS] = _json_safe(list(self.points))
             attrs[Attr.CLIENT] = dict(self.client) or None
+        if self.tails is not None:
+            attrs[Attr.TAILS] = _json_safe(self.tails)
         pool = self.server_info.get(POOL_ATTR)
         if _number(pool):
             attrs[POOL_ATTR] = pool
@@ -193,6 +201,7 @@ class TrialOutcome:
             dict(attrs.get(Attr.SERVER_INFO) or {}),
             bool(attrs.get(Attr.RESTARTED)),
             bool(attrs.get(Attr.LAUNCHED)),
+            tails=attrs.get(Attr.TAILS),
         )
 
 

@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner.callbacks import HaltOnRunaway, ProbeConcurrency, Progress, RetryInfraFailures
 from tuner.config import StudyConfig
+from tuner.confirmruns import ConfirmRecord, Tails, run_value
 from tuner.errors import (
     HaltError,
     InfraError,
@@ -49,7 +50,6 @@ from tuner.errors import (
 from tuner.innertrial import sampled_space
 from tuner.progress import TrialStarted
 from tuner.results import (
-    CONFIRM_ATTR,
     best_trial,
     completed,
     measured_before,
@@ -74,7 +74,8 @@ from tuner.trial import (
 IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
 SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
-#: what a duplicate copies from the trial that measured its configuration
+#: what a duplicate copies from the trial that measured its configuration (not its latency tails:
+#: those are the measuring trial's requests, pooled once, and a duplicate is no candidate)
 DUPLICATE_ATTRS = (
     Attr.STATUS,
     Attr.REASON,
@@ -401,27 +402,29 @@ class Tuning:
 
         A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run
         again, at most budget.infra_retries times per config, then that config's confirmation
-        stops with `confirm_error` set.
+        stops with `confirm_error` set. Each run keeps its latency tails (confirmruns.py): the
+        winner is judged on all its runs' requests together (results.py).
         """
         # each worker writes its own record: workers sharing a study never overwrite each other
-        key = f"{CONFIRM_ATTR}:{self.worker}"
+        record = ConfirmRecord(self.study, self.worker)
         self._repeats = repeats
-        confirmations: dict[str, list[float]] = dict(self.study.user_attrs.get(key) or {})
         try:
             for t in top_trials(self.study, top):
-                self._confirm_runs(t, confirmations, key, repeats)
+                self._confirm_runs(t, record, repeats)
             for _ in range(self.cfg.budget.confirm_extra if top > 1 else 0):
                 versus = versus_runner_up(self.study)
-                best, _ = best_trial(self.study)
-                # tied with no noise (a plateau measured exactly) is as settled as separated
+                best, summary = best_trial(self.study)
+                # tied with no noise (a plateau measured exactly) is as settled as separated;
+                # a winner that misses pooled means every candidate did: no lead to settle
                 unsettled = versus is not None and versus["separated"] is False
-                if not unsettled or not versus["noise_pct"] or best is None:
+                missed = bool(summary.get("pooled_missed"))
+                if not unsettled or not versus["noise_pct"] or best is None or missed:
                     break
                 for number in (best.number, versus["runner_up"]):
-                    runs = confirmations.get(str(number), [])
+                    runs = record.runs(number)
                     self._repeats = len(runs) + 1
                     t = self.study.get_trials(deepcopy=False)[number]  # numbers are indexes
-                    self._confirm_runs(t, confirmations, key, len(runs) + 1)
+                    self._confirm_runs(t, record, len(runs) + 1)
         except InfraError as exc:
             # the study itself is done: export what is confirmed so far rather than nothing
             self.stats.infra_failures += 1
@@ -429,17 +432,15 @@ class Tuning:
         finally:
             self._stop_quietly()
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
-        return confirmations
+        return record.values
 
-    def _confirm_runs(
-        self, t: FrozenTrial, confirmations: dict[str, list[float]], key: str, until: int
-    ) -> None:
+    def _confirm_runs(self, t: FrozenTrial, record: ConfirmRecord, until: int) -> None:
         """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried)."""
-        runs = confirmations.setdefault(str(t.number), [])
+        runs = record.runs(t.number)
         spoiled = 0
         while len(runs) < until:
-            value = self._confirm_once(t, len(runs) + 1)
-            if value is None:
+            run = self._confirm_once(t, len(runs) + 1)
+            if run is None:
                 spoiled += 1
                 if spoiled > self.cfg.budget.infra_retries:
                     raise InfraError(
@@ -447,11 +448,10 @@ class Tuning:
                         "reasons outside the configuration"
                     )
                 continue
-            runs.append(value)
-            self.study.set_user_attr(key, confirmations)
+            record.add(t.number, *run)
 
-    def _confirm_once(self, t: FrozenTrial, n: int) -> float | None:
-        """One confirmation run's value; None when the world spoiled it."""
+    def _confirm_once(self, t: FrozenTrial, n: int) -> tuple[float, Tails] | None:
+        """One confirmation run's (value, tails); None when the world spoiled it."""
         if self.on_progress is not None:
             self.on_progress(TrialStarted(t.number, dict(t.params), n, self._repeats))
         limit = float(self.cfg.budget.trial_timeout)
@@ -469,7 +469,7 @@ class Tuning:
             return None
         if STATE_OF[outcome.status] == TrialState.FAIL:
             return None
-        return outcome.values[0] if outcome.feasible else 0.0
+        return run_value(self.cfg.objective, outcome)
 
     def _record_server(self, pgid: int) -> None:
         self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)

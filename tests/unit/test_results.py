@@ -1,16 +1,30 @@
 """The winner and its margin over the runner-up, against the run-to-run noise (results.py),
-and how the export says it."""
+judged on every request of its runs together, and how the export says it."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
-from tuner.export import _versus
-from tuner.results import CONFIRM_ATTR, best_trial, versus_runner_up
-from tuner.trial import CONSTRAINT_KEYS
+from tuner.config import SLOSection
+from tuner.export import _versus, export_data, render, render_yaml
+from tuner.metrics import RequestRecord
+from tuner.pooled import tails_of
+from tuner.results import (
+    CONFIRM_ATTR,
+    CONFIRM_TAILS_ATTR,
+    all_confirm_tails,
+    all_confirmations,
+    best_trial,
+    versus_runner_up,
+)
+from tuner.studyfile import parse_study
+from tuner.trial import CONSTRAINT_KEYS, Attr
 
 
 def _study(first: dict[float, float], confirmations: dict[str, list[float]]) -> optuna.Study:
@@ -54,3 +68,135 @@ def test_one_run_each_says_the_noise_is_unknown() -> None:
     assert v is not None and v["separated"] is None and "noise unknown" in _versus(v)
     # a single candidate has no runner-up to compare with
     assert versus_runner_up(_study({0.9: 1000}, {})) is None
+
+
+# --- the pooled verdict: every request of a candidate's runs together (pooled.py) -----------
+
+SLO = SLOSection(p99_tpot_ms=50)
+
+
+def _tails(n: int, slow: int, slow_ms: float) -> dict:
+    """One run's tails: n requests at 30 ms TPOT, `slow` of them at slow_ms."""
+    recs = [
+        RequestRecord(i, True, 100, 101, 0.0, 0.2 + (slow_ms if i < slow else 30.0) / 10, 0.2)
+        for i in range(n)
+    ]
+    return tails_of(recs, SLO)
+
+
+def _stored(
+    tmp_path: Path,
+    first: dict[float, tuple[float, dict | None]],
+    confirmations: dict[str, list[float]],
+    tails: dict[str, list[dict | None]] | None,
+) -> optuna.Study:
+    """A study in a storage file: one feasible trial per mfs (first value and its tails, as the
+    loop writes them), one worker's confirmations and, unless None (before tails), their tails."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=url, study_name="s", direction="maximize")
+    for mfs, (value, first_tails) in first.items():
+        study.add_trial(
+            create_trial(
+                params={"mem-fraction-static": mfs},
+                distributions={"mem-fraction-static": FloatDistribution(0.8, 0.95)},
+                value=value,
+                user_attrs={} if first_tails is None else {Attr.TAILS: first_tails},
+                system_attrs={"constraints": [-1.0] * len(CONSTRAINT_KEYS)},
+            )
+        )
+    study.set_user_attr(f"{CONFIRM_ATTR}:w", confirmations)
+    if tails is not None:
+        study.set_user_attr(f"{CONFIRM_TAILS_ATTR}:w", tails)
+    return optuna.load_study(study_name="s", storage=url)  # read back from the file
+
+
+def _cfg():
+    data = {
+        "study": "s",
+        "server": {"model-path": "m"},
+        "space": {"mem-fraction-static": {"low": 0.8, "high": 0.95}},
+        "objective": {"slo": {"p99_tpot_ms": 50}},
+    }
+    return parse_study(data, "s.yaml")
+
+
+def test_a_candidate_whose_runs_miss_pooled_loses_to_one_that_holds(tmp_path: Path) -> None:
+    # trial 0 is faster, and each of its runs' values counts (the confirmation runs missed
+    # alone, 60 ms, but count their measured value); its p99 TPOTs 47, 48, 60 average 51.7, and
+    # together 10 of 600 requests at 60 ms (1.7%) miss 50. Trial 1 holds on every request.
+    study = _stored(
+        tmp_path,
+        {0.9: (1200.0, _tails(200, 2, 47.0)), 0.85: (1000.0, _tails(200, 0, 30.0))},
+        {"0": [1190.0, 1210.0], "1": [990.0, 1010.0]},
+        {"0": [_tails(200, 2, 48.0), _tails(200, 10, 60.0)], "1": [_tails(200, 1, 45.0)] * 2},
+    )
+    best, summary = best_trial(study)
+    assert best is not None and best.number == 1
+    assert summary["mean"] == pytest.approx(1000.0) and summary["runs"] == [1000, 990, 1010]
+    assert summary["pooled_missed"] == []
+    pooled = summary["pooled"]
+    assert pooled["runs"] == 3 and pooled["ended"] == 600 and pooled["limits"]["p99_tpot_ms"] == 50
+    assert 30.0 <= pooled["p99_tpot_ms"] <= 30.3  # 1 slow in 200 per run: under 1%
+    v = versus_runner_up(study)
+    assert v is not None and v["runner_up"] == 0 and v["runner_up_mean"] == 0.0
+    # the noise is still each candidate's runs about their own mean (0.9% for both here)
+    assert v["noise_pct"] == pytest.approx(0.91, abs=0.05) and v["separated"] is True
+    text = render_yaml(export_data(_cfg(), study))
+    assert "# pooled over 3 runs (600 requests): p99 TPOT 30.1 ms (limit 50)" in text
+    assert "WARNING" not in text
+    # --format json carries the same
+    out = json.loads(render(export_data(_cfg(), study), "json"))["confirmation"]
+    assert out["pooled"]["runs"] == 3 and out["pooled_missed"] == []
+
+
+def test_when_every_candidate_misses_pooled_the_export_says_so(tmp_path: Path) -> None:
+    study = _stored(
+        tmp_path,
+        {0.9: (1200.0, _tails(200, 10, 60.0)), 0.85: (1000.0, _tails(200, 10, 70.0))},
+        {"0": [1190.0], "1": [990.0]},
+        {"0": [_tails(200, 10, 60.0)], "1": [_tails(200, 10, 70.0)]},
+    )
+    best, summary = best_trial(study)
+    assert best is not None and best.number == 0 and summary["mean"] == 0.0
+    assert summary["pooled_missed"] == [
+        f"p99 TPOT {summary['pooled']['p99_tpot_ms']:.1f} ms > 50 ms over 2 runs (400 requests)"
+    ]
+    assert "WARNING: no candidate holds its SLOs pooled: p99 TPOT 60" in render_yaml(
+        export_data(_cfg(), study)
+    )
+
+
+def test_a_study_without_tails_ranks_as_before(tmp_path: Path) -> None:
+    # made before tails: a confirmation run that missed counted 0.0, and nothing is pooled
+    study = _stored(
+        tmp_path,
+        {0.9: (1200.0, None), 0.85: (1000.0, None)},
+        {"0": [1190.0, 0.0], "1": [990.0, 1010.0]},
+        None,
+    )
+    best, summary = best_trial(study)
+    assert best is not None and best.number == 1
+    assert summary == {"mean": 1000.0, "runs": [1000.0, 990.0, 1010.0], "spread_pct": 2.0}
+    v = versus_runner_up(study)
+    assert v is not None and v["runner_up_mean"] == pytest.approx(2390 / 3)
+    assert "pooled" not in render_yaml(export_data(_cfg(), study))
+    # first runs with tails but confirmations from before them: their own verdicts stand
+    study = _stored(
+        tmp_path / "b",
+        {0.9: (1200.0, _tails(200, 10, 60.0)), 0.85: (1000.0, None)},
+        {"0": [1190.0, 1150.0], "1": [990.0, 1010.0]},
+        None,
+    )
+    best, summary = best_trial(study)
+    assert best is not None and best.number == 0 and "pooled" not in summary
+
+
+def test_confirmation_tails_align_with_values_per_worker(tmp_path: Path) -> None:
+    study = _stored(tmp_path, {0.9: (1200.0, None)}, {"0": [1.0, 2.0, 3.0]}, None)
+    a = _tails(10, 0, 30.0)
+    study.set_user_attr(f"{CONFIRM_TAILS_ATTR}:w", {"0": [a, None, a, a]})  # one extra: a kill
+    study.set_user_attr(f"{CONFIRM_ATTR}:v", {"0": [4.0]})  # a worker without tails
+    pairs = zip(all_confirmations(study)["0"], all_confirm_tails(study)["0"], strict=True)
+    # whichever worker comes first, each value is paired with its own run's tails
+    assert sorted(pairs, key=lambda p: p[0]) == [(1.0, a), (2.0, None), (3.0, a), (4.0, None)]

@@ -13,12 +13,13 @@ from optuna.trial import TrialState
 
 from tuner.errors import HostUnreachable, StudyMismatchError
 from tuner.lifecycle import ServerDeath, StartResult
+from tuner.metrics import RequestRecord, percentile
 from tuner.precheck import Hardware
 from tuner.results import best_trial
 from tuner.runner import TrialRunner
 from tuner.study import make_sampler, make_storage, open_study, storage_url
 from tuner.studyfile import parse_study
-from tuner.trial import CONSTRAINT_KEYS, named_constraints
+from tuner.trial import CONSTRAINT_KEYS, Attr, named_constraints
 from tuner.tuning import Tuning
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -420,3 +421,122 @@ def test_confirmation_reruns_a_winner_inside_the_noise(
     tuning.optimize(2, None)
     confirmations = tuning.confirm(top=2, repeats=1)
     assert sorted(len(v) for v in confirmations.values()) == [1 + extra_rounds] * 2
+
+
+# --- latency tails: kept per run, pooled for the winner (pooled.py, confirmruns.py) ------------
+
+
+def _tpot_load(tput: float, n: int, slow: int = 0, slow_ms: float = 80.0) -> Load:
+    """A load run of n requests at 30 ms TPOT, `slow` of them at slow_ms, with its own p99."""
+    tpots = [slow_ms] * slow + [30.0] * (n - slow)
+    records = tuple(
+        RequestRecord(i, True, 100, 101, 0.0, 0.2 + t / 10, 0.2) for i, t in enumerate(tpots)
+    )
+    p99 = percentile(sorted(tpots), 99)
+    return Load({"output_throughput": tput, "p99_tpot_ms": p99, "error_rate": 0.0}, records)
+
+
+TPOT_STUDY = {
+    **STUDY,
+    "space": {"mem-fraction-static": {"choices": [0.8, 0.9]}, "concurrency": {"choices": [16]}},
+    "objective": {"slo": {"p99_tpot_ms": 50}},
+    "budget": {"confirm_top": 2, "confirm_repeats": 2, "confirm_extra": 0},
+}
+
+
+class ScriptedDeaths(FakeServer):
+    """Dies under the load run that asks it to (`dead`), up again at the next restart."""
+
+    dead = False
+
+    def restart(self, spec, log_path, on_launch=None):
+        self.dead = False
+        return super().restart(spec, log_path, on_launch)
+
+    def check(self):
+        return ServerDeath("oom_runtime", "Prefill out of memory", (), 137) if self.dead else None
+
+
+def scripted(tuning: Tuning, loads: dict[float, list]) -> None:
+    """Each load run of a mfs takes the next of its scripted loads ("die": the server dies)."""
+    runner, server = tuning.runner, tuning.runner.server
+    original = runner.flags_for
+
+    def flags_for(params):
+        runner.mfs = float(original(params)["mem-fraction-static"])
+        return original(params)
+
+    def run_load(url: str, client: dict) -> Load:
+        load = loads[runner.mfs].pop(0)
+        if load == "die":
+            server.dead = True
+            return Load({"output_throughput": 1.0, "p99_tpot_ms": 30.0, "error_rate": 0.0})
+        return load
+
+    runner.flags_for, runner.run_load = flags_for, run_load
+
+
+def test_a_confirmation_run_that_missed_alone_but_holds_pooled_keeps_its_value(
+    tmp_path: Path,
+) -> None:
+    cfg, study, server, tuning = setup(tmp_path, TPOT_STUDY, ScriptedDeaths())
+    scripted(
+        tuning,
+        {
+            # 2 slow requests in 100: each confirmation run's own p99 is 80 ms, over 50; all
+            # 400 requests together have 4 slow ones (1%): pooled p99 30.5 ms, held
+            0.9: [_tpot_load(1000, 200), _tpot_load(1020, 100, 2), _tpot_load(1010, 100, 2)],
+            0.8: [_tpot_load(950, 200), _tpot_load(960, 200), "die"],
+        },
+    )
+    study.enqueue_trial({"mem-fraction-static": 0.8, "concurrency": 16})
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 16})
+    tuning.optimize(2, None)
+    assert study.trials[1].user_attrs[Attr.TAILS]["ended"] == 200  # the first run's, stored
+    confirmations = tuning.confirm(top=2, repeats=2)
+    # measured values, not 0.0 (the verdict is pooled); a death still counts 0.0, without tails
+    assert confirmations == {"1": [1020.0, 1010.0], "0": [960.0, 0.0]}
+    stored = optuna.load_study(study_name="unit", storage=storage_url(cfg, tmp_path))
+    tails = stored.user_attrs["tuner:confirm_tails:w1"]
+    assert [t and t["ended"] for t in tails["1"]] == [100, 100] and tails["0"][1] is None
+    assert tails["0"][0]["ended"] == 200
+    best, summary = best_trial(stored)
+    # runs counted 0.0 (before pooling) would make it (1000 + 0 + 0) / 3 and 0.8 win
+    assert best is not None and best.params["mem-fraction-static"] == 0.9
+    assert summary["mean"] == pytest.approx(1010.0) and summary["pooled_missed"] == []
+    assert summary["pooled"]["ended"] == 400 and summary["pooled"]["p99_tpot_ms"] < 31
+
+
+def test_a_duplicate_does_not_copy_the_tails_it_did_not_measure(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path, TPOT_STUDY)
+    scripted(tuning, {0.8: [_tpot_load(900, 50)]})
+    for _ in range(2):
+        study.enqueue_trial({"mem-fraction-static": 0.8, "concurrency": 16})
+    tuning.optimize(2, None)
+    a, b = study.trials[:2]
+    assert b.user_attrs["duplicate_of"] == a.number and b.values == a.values
+    assert a.user_attrs[Attr.TAILS]["ended"] == 50 and Attr.TAILS not in b.user_attrs
+
+
+def test_inner_search_keeps_the_tails_of_the_point_its_value_comes_from(tmp_path: Path) -> None:
+    data = {
+        **TPOT_STUDY,
+        "space": {
+            "mem-fraction-static": {"choices": [0.9]},
+            "concurrency": {"low": 8, "high": 256, "log": True},
+        },
+        "budget": {"confirm_top": 0, "inner_runs": 4},
+    }
+    cfg, study, server, tuning = setup(tmp_path, data)
+
+    def run_load(url: str, client: dict) -> Load:
+        c = int(client["concurrency"])  # capacity 160: more thrashes
+        return _tpot_load(min(c, 160) * 10.0 - max(0, c - 160), 2 * c, slow=c // 100)
+
+    tuning.runner.run_load = run_load
+    tuning.optimize(1, None)
+    t = study.trials[0]
+    points = t.user_attrs[Attr.LOAD_POINTS]
+    chosen = t.user_attrs[Attr.CLIENT]["concurrency"]
+    assert len({p["concurrency"] for p in points}) > 1  # other points ran, with other tails
+    assert t.user_attrs[Attr.TAILS]["ended"] == 2 * chosen

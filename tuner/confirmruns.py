@@ -1,0 +1,62 @@
+"""One worker's confirmation runs as the study keeps them: a value per run and, index by index,
+the run's latency tails (pooled.tails_of), which results.py pools into the winner's verdict.
+
+    tuner:confirmations:<worker> = {"12": [1830.2, 0.0, 1795.4]}
+    tuner:confirm_tails:<worker> = {"12": [{...}, None, {...}]}     # None: a death, no tails
+
+A run with tails counts its measured value even when its own p99 missed a limit: the verdict is
+made on every request of the configuration's runs together, not run by run (one run's p99 near
+a limit passes or misses by luck). A run that could not measure (a death, a failed start)
+counts 0.0 as before, and so does a miss without tails to pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+from tuner.config import ObjectiveSection
+from tuner.results import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned
+from tuner.trial import TrialOutcome, objective_values
+
+Tails = Mapping[str, Any] | None
+
+
+def run_value(objective: ObjectiveSection, outcome: TrialOutcome) -> tuple[float, Tails]:
+    """A confirmation run's (value, tails) from its outcome (not a FAIL one: those run again)."""
+    if outcome.feasible:
+        return outcome.values[0], outcome.tails
+    if outcome.status.measured and outcome.tails is not None:
+        return objective_values(objective, outcome.metrics)[0], outcome.tails  # judged pooled
+    return 0.0, None
+
+
+class ConfirmRecord:
+    """This worker's confirmation values and tails, read from the study and written back after
+    every run (the tails first: a kill between the two writes leaves a tail without its value,
+    which `results.aligned` drops, never a value paired with another run's tail)."""
+
+    def __init__(self, study: optuna.Study, worker: str):
+        self.study = study
+        self.values_key = f"{CONFIRM_ATTR}:{worker}"
+        self.tails_key = f"{CONFIRM_TAILS_ATTR}:{worker}"
+        stored = study.user_attrs.get(self.tails_key) or {}
+        self.values: dict[str, list[float]] = {
+            k: list(v) for k, v in (study.user_attrs.get(self.values_key) or {}).items()
+        }
+        self.tails: dict[str, list[Tails]] = {
+            k: aligned(v, stored.get(k)) for k, v in self.values.items()
+        }
+
+    def runs(self, number: int) -> list[float]:
+        """The values of trial `number`'s runs so far (the live list)."""
+        self.tails.setdefault(str(number), [])
+        return self.values.setdefault(str(number), [])
+
+    def add(self, number: int, value: float, tails: Tails) -> None:
+        self.runs(number).append(value)
+        self.tails[str(number)].append(None if tails is None else dict(tails))
+        self.study.set_user_attr(self.tails_key, self.tails)
+        self.study.set_user_attr(self.values_key, self.values)
