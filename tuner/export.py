@@ -142,6 +142,8 @@ def _versus(v: dict[str, Any]) -> str:
         f"vs the runner-up (trial {v['runner_up']}, mean {v['runner_up_mean']:,.1f}): "
         f"{v['gap_pct']:+.1f}%"
     )
+    if v.get("runner_up_missed"):
+        return f"vs the runner-up (trial {v['runner_up']}): it missed {v['runner_up_missed'][0]}"
     if v["separated"] is None:
         return head + "; noise unknown (one run each: raise budget.confirm_repeats)"
     noise = f"run-to-run noise {v['noise_pct']:.1f}%, 2 sigma of the gap {v['two_sigma_pct']:.1f}%"

@@ -166,6 +166,8 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
         "runner_up_mean": r_mean,
         "gap_pct": gap,
     }
+    if second.missed:  # ranked 0.0: out of the running, whatever the noise
+        out["runner_up_missed"] = second.missed
     if dof == 0:
         return {**out, "noise_pct": None, "two_sigma_pct": None, "separated": None}
     cv = (squares / dof) ** 0.5

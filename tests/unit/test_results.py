@@ -144,6 +144,8 @@ def test_a_candidate_whose_runs_miss_pooled_loses_to_one_that_holds(tmp_path: Pa
     assert v["noise_pct"] == pytest.approx(0.91, abs=0.05) and v["separated"] is True
     text = render_yaml(export_data(_cfg(), study))
     assert "# pooled over 3 runs (600 requests): p99 TPOT 30.1 ms (limit 50)" in text
+    assert "# vs the runner-up (trial 0): it missed p99 TPOT 60." in text, text
+    assert v["runner_up_missed"][0].endswith("> 50 ms over 3 runs (600 requests)")
     assert "WARNING" not in text
     # --format json carries the same
     out = json.loads(render(export_data(_cfg(), study), "json"))["confirmation"]
