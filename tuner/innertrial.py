@@ -127,6 +127,11 @@ def request_tokens(w: WorkloadSection) -> tuple[float, float]:
     return prompt + out / 2, 0.0
 
 
+#: the inner search's step and resolution on a server after the first that found a best
+HINTED_FACTOR = 2**0.5
+HINTED_RESOLUTION = 1.06
+
+
 def bounds(
     cfg: StudyConfig,
     pool_tokens: int | None,
@@ -143,9 +148,16 @@ def bounds(
     if high_cap is not None:
         high = max(low, min(high, high_cap - 1))
     avg, shared = request_tokens(cfg.workload)
-    start = start_at(pool_tokens, avg, low, high, shared) if hint is None else hint
-    start = min(max(start, low), high)
-    return Bounds(low, high, start, max_runs=cfg.budget.inner_runs)
+    runs = cfg.budget.inner_runs
+    if hint is None:
+        start = min(max(start_at(pool_tokens, avg, low, high, shared), low), high)
+        return Bounds(low, high, start, max_runs=runs)
+    # an earlier server's best is near this one's: finer steps around it spend the runs where
+    # the optimum is, instead of re-bracketing a factor of 2 each way
+    start = min(max(hint, low), high)
+    return Bounds(
+        low, high, start, max_runs=runs, factor=HINTED_FACTOR, resolution=HINTED_RESOLUTION
+    )
 
 
 class InnerSearch:

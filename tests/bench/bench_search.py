@@ -177,6 +177,8 @@ CASES = {
 
 #: `--inner-runs`: the default strategy's budget.inner_runs (None: the study file's or tuner's)
 INNER_RUNS: list[int | None] = [None]
+#: `--startup`: sampler.n_startup_trials of every study (None: the study file's or tuner's)
+STARTUP: list[int | None] = [None]
 
 
 def strategy_data(case: str, strategy: str) -> dict[str, Any]:
@@ -184,6 +186,8 @@ def strategy_data(case: str, strategy: str) -> dict[str, Any]:
     d = copy.deepcopy(CASES[case].build())
     if INNER_RUNS[0] is not None:
         d.setdefault("budget", {})["inner_runs"] = INNER_RUNS[0]
+    if STARTUP[0] is not None:
+        d.setdefault("sampler", {})["n_startup_trials"] = STARTUP[0]
     d["study"] = f"{d['study']}-{strategy}"
     if strategy != "confirmed":  # the search alone; `confirmed` confirms as the file says
         d.setdefault("budget", {})["confirm_top"] = 0
@@ -728,13 +732,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--http", type=int, default=0, help="HTTP simulator runs per noise window")
     p.add_argument("--cache", type=Path, help="keep each case's brute force here between runs")
     p.add_argument("--inner-runs", type=int, help="budget.inner_runs of the studies")
+    p.add_argument("--startup", type=int, help="sampler.n_startup_trials of the studies")
     p.add_argument("--confirm-at", default="15", help="restarts after which `confirmed` confirms")
     p.add_argument("--robust-runs", type=int, default=ROBUST_RUNS[0], help="noisy starts per score")
     p.add_argument(
         "--top", type=int, default=TOP[0], help="best noise-free configs scored robustly"
     )
     a = p.parse_args(argv)
-    INNER_RUNS[0] = a.inner_runs
+    INNER_RUNS[0], STARTUP[0] = a.inner_runs, a.startup
     ROBUST_RUNS[0], TOP[0] = a.robust_runs, a.top
     budgets = [n for n in BUDGETS if n <= a.budget]
     bench(
