@@ -153,7 +153,7 @@ def seventy() -> dict[str, Any]:
             "slo": {"p99_ttft_ms": 5000, "p99_tpot_ms": 50, "max_error_rate": 0.01},
         },
         "budget": {"n_trials": 40, "trial_timeout": "10m", "confirm_top": 2, "confirm_repeats": 1},
-        "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 8},
+        "sampler": {"name": "tpe", "seed": 0},
         "hardware": {"model_config": "llama-3.1-70b", "gpu_mem_mib": 81559, "host_ram_gb": 1024},
     }
 
