@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.helpers.*
     sys.path.insert(0, str(REPO))
 
-from tests.bench.search_robust import ROBUST_RUNS, confirmed_pick, one_run, robust  # noqa: E402
+from tests.bench.search_robust import ROBUST_RUNS, TMP, confirmed_pick, one_run, robust  # noqa: E402
 from tuner.api import Events, study_requests, tune  # noqa: E402
 from tuner.config import StudyConfig  # noqa: E402
 from tuner.launch import build_launch  # noqa: E402
@@ -70,8 +70,6 @@ BUDGETS = (5, 10, 15, 20, 40)
 STRATEGIES = ("default", "confirmed", "tpe", "random", "grid")
 NOISE_DURATIONS = (6, 15, 30)
 SIM = ["{python}", "-m", "tuner.sim", "--sim-startup-seconds", "1", "--sim-profile"]
-#: SQLite's fsync per commit dominates a virtual study on a disk; tmpfs when there is one
-TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class BudgetSpent(Exception):

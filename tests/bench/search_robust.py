@@ -15,6 +15,7 @@ configuration `tuner export` would write.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -34,6 +35,8 @@ from tuner.trial import Attr, full_params, objective_values
 #: fresh noisy starts per configuration, and the first of their seeds (studies use 0..99)
 ROBUST_RUNS = [5]
 ROBUST_SEED0 = 10_000
+#: SQLite's fsync per commit dominates a virtual study on a disk; tmpfs when there is one
+TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 #: the resumed (confirming) run draws its noise from the study's seed plus this
 CONFIRM_SEED_OFFSET = 7_919
 
@@ -84,13 +87,15 @@ def confirmed_pick(cfg: Any, requests: list, seed: int, restarts: int) -> dict[s
         if spent[0] >= restarts:
             raise _Stop
 
-    with tempfile.TemporaryDirectory(prefix="bench-confirm-") as tmp:
+    # a small space runs out of new configurations (every proposal a duplicate): the same cap
+    # as bench_search.run_study, after which tune confirms on its own
+    with tempfile.TemporaryDirectory(prefix="bench-confirm-", dir=TMP) as tmp:
         with contextlib.suppress(_Stop):
             tune(
                 cfg,
                 runs_dir=Path(tmp),
                 seed=seed,
-                n_trials=10_000,
+                n_trials=4 * restarts,
                 events=Events(on_trial=on_trial),
                 make_seams=virtual_seams(seed, requests=requests),
             )
