@@ -87,8 +87,9 @@ class SimProc:
         except FileNotFoundError:
             return ""
 
-    def health(self, path: str = "/health", timeout: float = 2.0) -> int | None:
-        """HTTP status of a GET, or None when nothing answers."""
+    def health(self, path: str = "/health", timeout: float = 10.0) -> int | None:
+        """HTTP status of a GET, or None when nothing answers within `timeout` (generous: a
+        busy machine can keep a live server from answering for a second or two)."""
         try:
             with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
                 return resp.status

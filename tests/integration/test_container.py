@@ -76,8 +76,9 @@ def spec(fake: FakeDocker, cwd: Path, port: int, **flags: object) -> LaunchSpec:
 
 
 def health(port: int) -> int | None:
+    # every caller expects 200 from a live server: a busy machine may take seconds to answer
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
             return r.status
     except OSError:
         return None

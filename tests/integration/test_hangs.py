@@ -23,7 +23,7 @@ from tests.helpers.simproc import SimProc
 from tests.helpers.studies import study_file
 from tuner.api import Seams, build_seams
 from tuner.config import StudyConfig, WorkloadSection
-from tuner.loadgen import Bounds, load_options, run_load_sync
+from tuner.loadgen import Bounds, LoadProgress, load_options, run_load_sync
 from tuner.runner import HUNG
 from tuner.studyfile import load_study
 from tuner.trial import Status
@@ -71,21 +71,30 @@ def test_load_run_against_a_server_frozen_mid_load_returns_within_its_bound() ->
     opts = replace(load_options(w, concurrency=8), metrics_interval_s=0.2)
     bound = Bounds.of(opts)
     proc = SimProc.start(["--sim-profile", "llama-3.1-8b-h100", "--enable-metrics"])
+    frozen_at: list[float] = []
+
+    def freeze_once_measured(p: LoadProgress) -> None:
+        # frozen once the timed run has completed requests (told about once a second), not
+        # after a fixed delay that a busy machine could spend before the warm-up ended
+        if p.done > 0 and not frozen_at:
+            proc.signal(signal.SIGSTOP)
+            frozen_at.append(p.elapsed_s)
+
     try:
         proc.wait_ready()
-        timer = threading.Timer(2.0, proc.signal, (signal.SIGSTOP,))
-        timer.start()
         t0 = time.monotonic()
-        res = run_load_sync(proc.url, requests_for(w, num_requests=400), opts)
+        res = run_load_sync(
+            proc.url, requests_for(w, num_requests=400), opts, on_progress=freeze_once_measured
+        )
         took = time.monotonic() - t0
-        timer.join()
     finally:
         _release(proc.popen.pid)
         proc.kill()
     print(
-        f"\nsim frozen 2 s in: load run returned after {took:.1f} s "
+        f"\nsim frozen {frozen_at} s into the window: load run returned after {took:.1f} s "
         f"(window {opts.duration_s:g} s, stall {bound.stall_s:g} s, bound {bound.total_s:g} s)"
     )
+    assert frozen_at, "no request completed in the window: the server was never frozen"
     assert res.stopped == "unresponsive" and res.silent_s >= bound.stall_s
     assert took < bound.total_s
     assert res.metrics().completed > 0  # it had measured before the freeze
@@ -125,12 +134,15 @@ def test_a_server_frozen_during_the_load_is_hung_the_worlds_and_stopped(
     trial_dir = tmp_path / "trials" / "0"
 
     def freeze_mid_load() -> None:
-        # the trial's own phases log says when the load run began
+        # the trial's own phases log says when the timed run began (after the warm-up, the
+        # flush and its pause, however long a busy machine takes for them)
         end = time.monotonic() + 60
         while time.monotonic() < end:
             log = trial_dir / "phases.log"
-            if log.exists() and "warmup" in log.read_text():
-                time.sleep(2.5)  # warm-up, flush and its pause, then ~1 s of the window
+            if log.exists() and " load\n" in log.read_text():
+                # requests in flight; the 4 s window leaves the 1 s of quiet it needs to call
+                # the silence unresponsive (Bounds.quiet_s) with seconds to spare
+                time.sleep(0.3)
                 pgid = seams.server.pgid
                 if pgid is not None:
                     seams.frozen.append(pgid)  # type: ignore[attr-defined]

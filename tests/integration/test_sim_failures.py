@@ -130,7 +130,7 @@ def test_user_mistakes_exit_2(flags, fragment):
 
 
 def test_health_503_until_ready_then_sigterm_drains():
-    proc = SimProc.start(["--sim-startup-seconds", "1.5"])
+    proc = SimProc.start(["--sim-startup-seconds", "3"])  # seconds of 503 to poll into
     try:
         seen = set()
         deadline = time.monotonic() + 30
@@ -146,21 +146,29 @@ def test_health_503_until_ready_then_sigterm_drains():
 
         def long_request() -> None:
             body = (
-                b'{"text": "a b c", "sampling_params": {"max_new_tokens": 150, "ignore_eos": true}}'
+                b'{"text": "a b c", "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}}'
             )
-            with urllib.request.urlopen(proc.url + "/generate", data=body, timeout=30) as resp:
+            with urllib.request.urlopen(proc.url + "/generate", data=body, timeout=60) as resp:
                 result["status"] = resp.status
                 result["body"] = resp.read()
 
+        ready_at = len(proc.log())
         worker = threading.Thread(target=long_request)
         worker.start()
-        time.sleep(0.3)
+        # SIGTERM once the server has the request (its prefill is logged), not after a fixed
+        # delay a busy machine may need just to send it; 400 tokens then take ~3 s to decode
+        deadline = time.monotonic() + 30
+        while "Prefill batch" not in proc.log()[ready_at:]:
+            assert time.monotonic() < deadline and worker.is_alive(), proc.log()[ready_at:]
+            time.sleep(0.02)
         proc.signal(signal.SIGTERM)
-        time.sleep(0.1)
-        assert proc.health() == 503
-        worker.join(30)
+        deadline = time.monotonic() + 10
+        while (status := proc.health()) == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the server has handled the signal
+        assert status == 503  # draining: not gone, not serving new work
+        worker.join(60)
         assert proc.wait(30) == 0
-        assert result.get("status") == 200 and b'"completion_tokens": 150' in result["body"]
+        assert result.get("status") == 200 and b'"completion_tokens": 400' in result["body"]
         assert (
             "SIGTERM received. signum=None frame=None. Draining requests and shutting down..."
             in proc.log()

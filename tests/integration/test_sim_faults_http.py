@@ -83,7 +83,7 @@ def test_hang_start_stays_alive_never_ready_until_sigterm() -> None:
             time.sleep(0.05)
         assert "[sim-fault] hang-start fired" in proc.log()
         for _ in range(5):  # well past the 0.3 s start-up
-            assert proc.health(timeout=2) == 503
+            assert proc.health() == 503
             time.sleep(0.2)
         assert proc.popen.poll() is None and "fired up" not in proc.log()
         proc.signal(signal.SIGTERM)
@@ -211,7 +211,7 @@ def test_health_flap_after_ready() -> None:
         deadline = time.monotonic() + 20
         while "ready to roll" not in proc.log() and time.monotonic() < deadline:
             time.sleep(0.05)
-        codes = [proc.health(timeout=2) for _ in range(30)]
+        codes = [proc.health() for _ in range(30)]
         print(f"health-flap rate 0.5: {codes.count(503)} of 30 probes answered 503")
         assert set(codes) == {200, 503}
         assert _generate(proc.url, stream=False)[0] == 200  # requests still served

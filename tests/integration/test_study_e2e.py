@@ -1,7 +1,9 @@
 """`tuner tune` end to end on the simulator: real subprocesses, real HTTP, real SQLite, real sshd.
 
 Each test writes a small study file (free port, short load runs) into a temp dir and drives the
-real console entry point, as a user would.
+real console entry point, as a user would. Each test's study has a name of its own: the servers'
+marker derives from the study name (and the worker), so two tests under one name running side by
+side (pytest -n 2) would stop each other's servers as strays an earlier run left behind.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def check_best_yaml_starts(best: Path) -> None:
 
 def test_demo_study_local(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=5)
+    study = study_file(tmp_path, "e2e", n_trials=5)
     out = tuner("tune", str(study), "--runs-dir", str(runs))
     assert out.returncode == 0, out.stderr[-3000:]
     best = runs / "e2e" / "best.yaml"
@@ -81,16 +83,16 @@ def test_demo_study_local(tmp_path: Path) -> None:
 
 def test_changed_study_refused_on_resume(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=1)
+    study = study_file(tmp_path, "e2e-changed", n_trials=1)
     assert tuner("tune", str(study), "--runs-dir", str(runs)).returncode in (0, 1)
     data = yaml.safe_load(study.read_text())
     data["workload"]["input_len"] = 300
     study.write_text(yaml.safe_dump(data, sort_keys=False))
-    before = sorted(p.name for p in (runs / "e2e").rglob("*"))
+    before = sorted(p.name for p in (runs / "e2e-changed").rglob("*"))
     out = tuner("tune", str(study), "--runs-dir", str(runs))
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "different workload" in out.stderr
-    assert sorted(p.name for p in (runs / "e2e").rglob("*")) == before
+    assert sorted(p.name for p in (runs / "e2e-changed").rglob("*")) == before
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -138,8 +140,9 @@ def interrupt_tune(
 @pytest.mark.parametrize("when", ["mid-trial", "between-trials"])
 def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=4)
-    trial = runs / "e2e" / "trials" / "1"
+    name = f"e2e-resume-{when}"
+    study = study_file(tmp_path, name, n_trials=4)
+    trial = runs / name / "trials" / "1"
     mid = when == "mid-trial"  # the server is starting or the load running, else between trials
     wait_for = trial / ("launch.txt" if mid else "metrics.json")
     interrupt_tune(study, runs, wait_for, signal.SIGKILL, 1.0 if mid else 0.0)
@@ -154,7 +157,7 @@ def test_resume_after_sigkill(tmp_path: Path, when: str) -> None:
     assert len(measured) == len(set(measured)), "a configuration was measured twice"
     if when == "mid-trial":
         assert any(t["state"] == "FAIL" for t in st["trials"]), "the killed trial must be failed"
-    for pgid in server_groups(st, runs, "e2e"):
+    for pgid in server_groups(st, runs, name):
         assert_group_gone(pgid)  # no orphan servers, including the one the killed run left
 
 
@@ -191,14 +194,15 @@ def test_demo_study_over_ssh(tmp_path: Path, sshd_server: Sshd) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_fails_trial_cleanly_and_exits_130(tmp_path: Path, sig: int) -> None:
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=3)
-    code, err = interrupt_tune(study, runs, runs / "e2e" / "trials" / "1" / "launch.txt", sig, 1.0)
+    name = f"e2e-signal-{int(sig)}"
+    study = study_file(tmp_path, name, n_trials=3)
+    code, err = interrupt_tune(study, runs, runs / name / "trials" / "1" / "launch.txt", sig, 1.0)
     assert code == 130, err
     assert "Traceback" not in err
     st = status(study, runs)
     assert [t["state"] for t in st["trials"]][:2] == ["COMPLETE", "FAIL"]
     assert all(t["state"] != "RUNNING" for t in st["trials"])  # the study is consistent
-    for pgid in server_groups(st, runs, "e2e"):
+    for pgid in server_groups(st, runs, name):
         assert_group_gone(pgid)  # its server was stopped, not left behind
     out = tuner("tune", str(study), "--runs-dir", str(runs))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -208,7 +212,7 @@ def test_api_key_is_used_and_never_written(tmp_path: Path) -> None:
     """The server requires the key; SGLang logs it in server_args; no file under runs/ holds it."""
     secret = "sk-tuner-test-" + os.urandom(8).hex()
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=2)
+    study = study_file(tmp_path, "e2e-api-key", n_trials=2)
     data = yaml.safe_load(study.read_text())
     data["target"]["api_key_env"] = "TUNER_TEST_API_KEY"
     data["baseline"] = {"mem-fraction-static": 0.85, "concurrency": 16}
@@ -243,7 +247,7 @@ def test_api_key_is_used_and_never_written(tmp_path: Path) -> None:
 
 def test_unknown_flag_stops_the_study_in_one_line(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, n_trials=4)
+    study = study_file(tmp_path, "e2e-unknown-flag", n_trials=4)
     data = yaml.safe_load(study.read_text())
     data["server"]["enable-turbo-mode"] = True  # no such SGLang flag
     data["baseline"] = {"mem-fraction-static": 0.85, "concurrency": 16}

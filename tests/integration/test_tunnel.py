@@ -49,10 +49,12 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 #: no step here may take longer, whatever the relay does
 BOUND_S = 30.0
+#: a configuration's load run scored (its SLO verdict either way)
+MEASURED = (Status.OK, Status.SLO_MISSED)
 ALIAS = "gpu-node-1"
 
 
-def _get(url: str, timeout: float = 10.0) -> tuple[int | None, bytes]:
+def _get(url: str, timeout: float = BOUND_S) -> tuple[int | None, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read()
@@ -128,10 +130,11 @@ def test_a_forward_carries_concurrent_streams(ssh: SSHHost) -> None:
 def test_nothing_listening_is_not_a_tunnel_down(ssh: SSHHost) -> None:
     with Forward(ssh, free_port()) as fwd:
         t0 = time.monotonic()
-        assert _get(f"http://127.0.0.1:{fwd.port}/health")[0] is None
-        assert time.monotonic() - t0 < 5  # closed at once, not left to the client's timeout
+        # the first open also connects to sshd: seconds on a busy machine, never the 60 s
+        assert _get(f"http://127.0.0.1:{fwd.port}/health", timeout=60)[0] is None
+        assert time.monotonic() - t0 < BOUND_S  # closed at once, not left to the client's timeout
         assert fwd.last_error is not None and fwd.last_error.kind == "refused"
-        assert fwd.transport_down() is None and fwd.connects(5.0) is False
+        assert fwd.transport_down() is None and fwd.connects(20.0) is False
 
 
 def test_a_cut_tunnel_comes_back_on_the_same_port(sshd_server: Sshd, tmp_path: Path) -> None:
@@ -149,13 +152,15 @@ def test_a_cut_tunnel_comes_back_on_the_same_port(sshd_server: Sshd, tmp_path: P
         assert _get(url + "/health")[0] is None
         assert time.monotonic() - t0 < BOUND_S
         why = ep.unreachable()
-        assert why is not None and "tunnel" in why and ep.breaks() == 1
+        assert why is not None and "tunnel" in why
         assert ep.connects(sim.port, 5.0) is None
         relay.accept()
         time.sleep(2.1)  # opens fail fast for a moment after a failed reconnect (DOWN_S)
         assert ep.url(sim.port) == url  # the local port stays
         assert _get(url + "/health")[0] == 200  # re-established after the reconnect
-        assert ep.unreachable() is None and relay.stats.accepted == 2
+        # the cut transport counted once, by now: paramiko may mark it dead only after the
+        # first open on it failed (a busy machine shows that), and the next open counts it
+        assert ep.unreachable() is None and ep.breaks() == 1 and relay.stats.accepted == 2
     _no_tunnel_left()
 
 
@@ -267,12 +272,18 @@ def test_a_port_that_listens_out_of_reach_is_the_worlds(tmp_path: Path) -> None:
 # -- studies ------------------------------------------------------------------------------------
 
 
-def _ssh_study(tmp: Path, name: str, sshd: Sshd, host: str, ssh: dict, n: int) -> Path:
+def _ssh_study(
+    tmp: Path, name: str, sshd: Sshd, host: str, ssh: dict, n: int, **workload: object
+) -> Path:
     path = study_file(tmp, name, n_trials=n)
     data = yaml.safe_load(path.read_text())
     ssh = {"use_agent": False, "look_for_keys": False, **ssh}
     data["target"].update(host=host, ssh=ssh, workdir=str(tmp))
     data["budget"].update(confirm_top=0)
+    # a few dozen streams through the tunnel: enough to have requests in flight, few enough
+    # that a busy machine's load client keeps up (a lagging client's run is flagged, not scored)
+    data["space"]["concurrency"].update(low=8, high=32)
+    data["workload"].update(workload)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -315,23 +326,45 @@ def test_a_study_on_an_ssh_config_alias(sshd_server: Sshd, tmp_path: Path) -> No
     out = tuner("tune", str(study), "--runs-dir", str(runs), "--no-progress")
     assert out.returncode == 0, out.stderr[-3000:]
     trials = _trials(runs, "alias")
-    measured = [t for t in trials if t.user_attrs.get(Attr.STATUS) == Status.OK]
+    # measured through the tunnel (whether the TTFT SLO held depends on the machine's speed)
+    measured = [t for t in trials if t.user_attrs.get(Attr.STATUS) in MEASURED]
     assert measured, [(t.state.name, t.user_attrs.get(Attr.REASON)) for t in trials]
     assert any(t.user_attrs[Attr.METRICS]["completed"] > 0 for t in measured)
     _groups_gone(trials)
 
 
-def _wait_for_load(trials_dir: Path, proc_done, timeout: float = 120) -> int:
-    """The number of the first trial whose phases.log says its load run began."""
+def _in_load(trials_dir: Path) -> int | None:
+    """The number of the trial whose load run is under way (its phases.log ends with it)."""
+    for log in trials_dir.glob("*/phases.log"):
+        with contextlib.suppress(OSError):
+            if log.read_text().endswith(" load\n"):
+                return int(log.parent.name)
+    return None
+
+
+def _running(port: int) -> float:
+    """Requests the server is running now (its own /metrics gauge; 0 when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            lines = r.read().decode().splitlines()
+    except OSError:
+        return 0.0
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("sglang:num_running_reqs"))
+
+
+def _wait_for_requests_in_load(trials_dir: Path, port: int, proc_done, timeout: float = 120) -> int:
+    """The number of the trial whose load run has requests in flight on the server now: not
+    only begun (its phases.log says "load" before the run's first /metrics scrape, which a busy
+    machine can make last past a fixed delay), so a cut now breaks requests through the tunnel."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        assert not proc_done(), "the study ended before a load run began"
-        for log in trials_dir.glob("*/phases.log"):
-            with contextlib.suppress(OSError):
-                if " load\n" in log.read_text():
-                    return int(log.parent.name)
+        assert not proc_done(), "the study ended before a load run had requests in flight"
+        # the warm-up's single request is over once "load" is logged: these are the run's
+        trial = _in_load(trials_dir)
+        if trial is not None and _running(port) >= 2 and _in_load(trials_dir) == trial:
+            return trial
         time.sleep(0.02)
-    raise AssertionError("no load run began")
+    raise AssertionError("no load run had requests in flight")
 
 
 def test_a_tunnel_cut_mid_load_is_the_worlds(sshd_server: Sshd, tmp_path: Path) -> None:
@@ -344,7 +377,10 @@ def test_a_tunnel_cut_mid_load_is_the_worlds(sshd_server: Sshd, tmp_path: Path) 
             "known_hosts": str(known),
             "ssh_config": "",
         }
-        study = _ssh_study(tmp_path, "cut", sshd_server, "127.0.0.1", ssh, 2)
+        # a 5 s window: seconds of requests in flight to cut, however slowly a busy machine
+        # starts them
+        study = _ssh_study(tmp_path, "cut", sshd_server, "127.0.0.1", ssh, 2, duration_s=5)
+        port = yaml.safe_load(study.read_text())["target"]["port"]
         runs = tmp_path / "runs"
         cmd = [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)]
         proc = subprocess.Popen(
@@ -355,8 +391,8 @@ def test_a_tunnel_cut_mid_load_is_the_worlds(sshd_server: Sshd, tmp_path: Path) 
             text=True,
         )
         try:
-            cut = _wait_for_load(runs / "cut" / "trials", lambda: proc.poll() is not None)
-            time.sleep(0.3)  # requests in flight through the tunnel
+            trials_dir = runs / "cut" / "trials"
+            cut = _wait_for_requests_in_load(trials_dir, port, lambda: proc.poll() is not None)
             assert relay.cut() >= 2  # the command connection and the tunnel's
             _, err = proc.communicate(timeout=240)
         finally:
@@ -371,7 +407,15 @@ def test_a_tunnel_cut_mid_load_is_the_worlds(sshd_server: Sshd, tmp_path: Path) 
     assert "broke during the load run" in failed.user_attrs[Attr.INFRA_ERROR]
     assert Attr.STATUS not in failed.user_attrs  # never recorded as the configuration's
     retry = [t for t in trials if t.user_attrs.get(Attr.RETRY_OF) == cut]
-    assert retry and retry[0].state.name == "COMPLETE"
-    assert retry[0].user_attrs[Attr.STATUS] in (Status.OK, Status.SLO_MISSED)
+    assert retry, "the cut trial was not retried"
+    again = retry[0].user_attrs
+    if again.get(Attr.STATUS) == Status.FLAGGED:
+        # the retry's load run went through the re-established tunnel, but a busy machine made
+        # the load client lag: not trusted (the world's again), yet every request came back
+        assert retry[0].state.name == "FAIL" and again[Attr.METRICS]["errors"] == 0, again
+        assert again[Attr.METRICS]["completed"] > 0, again
+    else:
+        assert retry[0].state.name == "COMPLETE", again
+        assert again[Attr.STATUS] in MEASURED, again
     assert relay.stats.accepted >= 4  # both connections came back
     _groups_gone(trials)
