@@ -27,7 +27,6 @@ rejected a feasible configuration); the run-to-run noise of one configuration at
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import functools
 import hashlib
@@ -51,13 +50,19 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.helpers.*
     sys.path.insert(0, str(REPO))
 
-from tests.bench.search_robust import ROBUST_RUNS, TMP, confirmed_pick, one_run, robust  # noqa: E402
-from tuner.api import Events, study_requests, tune  # noqa: E402
+from tests.bench.search_robust import (  # noqa: E402
+    ROBUST_RUNS,
+    TMP,
+    confirmed_pick,
+    one_run,
+    robust,
+    search,
+)
+from tuner.api import study_requests  # noqa: E402
 from tuner.config import StudyConfig  # noqa: E402
 from tuner.launch import build_launch  # noqa: E402
 from tuner.runner import score_load  # noqa: E402
 from tuner.sim.virtual_server import VirtualServer  # noqa: E402
-from tuner.sim.virtual_study import virtual_seams  # noqa: E402
 from tuner.space import active_params, canonical, distributions, server_flags  # noqa: E402
 from tuner.study import range_points  # noqa: E402
 from tuner.studyfile import parse_study  # noqa: E402
@@ -70,10 +75,6 @@ BUDGETS = (5, 10, 15, 20, 40)
 STRATEGIES = ("default", "confirmed", "tpe", "random", "grid")
 NOISE_DURATIONS = (6, 15, 30)
 SIM = ["{python}", "-m", "tuner.sim", "--sim-startup-seconds", "1", "--sim-profile"]
-
-
-class BudgetSpent(Exception):
-    """The study spent its restart budget (raised from the per-trial hook to end `tune`)."""
 
 
 # --- the cases ------------------------------------------------------------------------------
@@ -241,26 +242,10 @@ def run_study(case: str, strategy: str, seed: int, budget: int) -> StudyRun:
     """One seeded study through `api.tune` in virtual time, ended after `budget` restarts."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
     cfg = study_cfg(case, strategy)
-    spent = [0]
-
-    def on_trial(t: Any) -> None:
-        spent[0] += bool(t.user_attrs.get(Attr.LAUNCHED))
-        if spent[0] >= budget:
-            raise BudgetSpent
-
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-search-", dir=TMP) as tmp:
-        with contextlib.suppress(BudgetSpent):
-            tune(
-                cfg,
-                runs_dir=Path(tmp),
-                seed=seed,
-                n_trials=4 * budget,
-                events=Events(on_trial=on_trial),
-                make_seams=virtual_seams(seed, requests=requests_of(case)),
-            )
+        search(cfg, requests_of(case), seed, budget, Path(tmp))
         url = f"sqlite:///{tmp}/{cfg.study}/study.db"
         study = optuna.load_study(study_name=cfg.study, storage=url)
         rows = [_row(t) for t in study.get_trials(deepcopy=False)]

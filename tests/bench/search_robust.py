@@ -71,12 +71,14 @@ def robust(cfg: Any, requests: list, params: dict[str, Any]) -> float:
     return 0.0 if missed else statistics.mean(values)
 
 
-class _Stop(Exception):
-    """The study spent the restarts it was given."""
+class BudgetSpent(Exception):
+    """The study spent the restarts it was given (raised from the per-trial hook to end tune)."""
 
 
-def confirmed_pick(cfg: Any, requests: list, seed: int, restarts: int) -> dict[str, Any] | None:
-    """Search until the `restarts`-th restart, then confirm as `tuner tune` does at its end."""
+def search(cfg: Any, requests: list, seed: int, restarts: int, runs_dir: Path) -> None:
+    """The study in virtual time until its `restarts`-th restart; a small space runs out of new
+    configurations (every proposal a duplicate), so at most 4x as many trials, after which
+    `tune` confirms on its own (when the study file asks it to)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -85,20 +87,25 @@ def confirmed_pick(cfg: Any, requests: list, seed: int, restarts: int) -> dict[s
     def on_trial(t: Any) -> None:
         spent[0] += bool(t.user_attrs.get(Attr.LAUNCHED))
         if spent[0] >= restarts:
-            raise _Stop
+            raise BudgetSpent
 
-    # a small space runs out of new configurations (every proposal a duplicate): the same cap
-    # as bench_search.run_study, after which tune confirms on its own
+    with contextlib.suppress(BudgetSpent):
+        tune(
+            cfg,
+            runs_dir=runs_dir,
+            seed=seed,
+            n_trials=4 * restarts,
+            events=Events(on_trial=on_trial),
+            make_seams=virtual_seams(seed, requests=requests),
+        )
+
+
+def confirmed_pick(cfg: Any, requests: list, seed: int, restarts: int) -> dict[str, Any] | None:
+    """Search until the `restarts`-th restart, then confirm as `tuner tune` does at its end."""
+    import optuna
+
     with tempfile.TemporaryDirectory(prefix="bench-confirm-", dir=TMP) as tmp:
-        with contextlib.suppress(_Stop):
-            tune(
-                cfg,
-                runs_dir=Path(tmp),
-                seed=seed,
-                n_trials=4 * restarts,
-                events=Events(on_trial=on_trial),
-                make_seams=virtual_seams(seed, requests=requests),
-            )
+        search(cfg, requests, seed, restarts, Path(tmp))
         # resumed: nothing left to run (one completed trial is enough), so it confirms
         tune(
             cfg,
