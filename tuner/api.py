@@ -167,10 +167,10 @@ def tune(
     if make_seams is None:
         # SSH, the remote shell, the flags on the host's SGLang: nothing created yet
         before_night(cfg)
-    seams = (make_seams or build_seams)(cfg, api_key, marker_for(cfg.study, worker))
+    out_dir = study_dir(cfg, runs_dir)
+    seams = (make_seams or build_seams)(cfg, api_key, marker_for(cfg.study, worker, out_dir))
     try:
         study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)
-        out_dir = study_dir(cfg, runs_dir)
         what = f"study '{cfg.study}' as worker '{worker}'"
         lock = lock_path(out_dir, worker)
         with WorkerLock(lock, what):

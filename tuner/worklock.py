@@ -5,9 +5,12 @@ kernel releases it when the process dies, SIGKILL included, so a stale lock cann
 second run of the same command is refused while the first is alive (it would otherwise take the
 first's live trial for a zombie and stop its server).
 
-The marker is derived from (study, worker) alone, so it is known before any server is spawned:
-every server a worker starts carries it in its environment, and a later run of the same worker
-finds and stops the servers an earlier run lost track of (killed between spawn and record).
+The marker is derived from (study, worker, the study's runs folder), so it is known before any
+server is spawned: every server a worker starts carries it in its environment, and a later run of
+the same worker in the same runs folder finds and stops the servers an earlier run lost track of
+(killed between spawn and record). The folder is part of it because the lock is: two live runs of
+a same-named study and worker from two runs folders (two checkouts, two users) must not take each
+other's servers for lost ones.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from pathlib import Path
 from tuner.errors import StudyBusyError
 
 
-def marker_for(study: str, worker: str) -> str:
-    """The server marker of this study and worker: stable across runs, unique between them."""
-    return "tuner-" + hashlib.sha256(f"{study}\0{worker}".encode()).hexdigest()[:20]
+def marker_for(study: str, worker: str, study_dir: Path) -> str:
+    """The server marker of this study and worker run from `study_dir` (runs/<study>): stable
+    across runs from that folder, unique between workers and between folders."""
+    where = str(Path(study_dir).resolve())
+    return "tuner-" + hashlib.sha256(f"{study}\0{worker}\0{where}".encode()).hexdigest()[:20]
 
 
 def lock_path(study_dir: Path, worker: str) -> Path:

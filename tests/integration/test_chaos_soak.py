@@ -116,7 +116,7 @@ def _load(runs: Path, name: str) -> optuna.Study:
 
 def test_chaos_soak(tmp_path: Path, sshd_server: Sshd) -> None:
     runs = tmp_path / "runs"
-    markers = [marker_for(n, "soak") for n in ("clean", "chaos")]
+    markers = [marker_for(n, "soak", runs / n) for n in ("clean", "chaos")]
     try:
         # side by side, so both runs share the same (busy) machine and the ratio is fair
         with Relay(sshd_server.port) as relay:

@@ -212,6 +212,43 @@ def test_port_in_use(tmp_path: Path) -> None:
     assert by_name(lines)["http path"].status == SKIP
 
 
+def test_port_held_by_a_server_this_runs_folder_left(tmp_path: Path) -> None:
+    """A server carrying the marker of this study, worker and runs folder is tune's own leftover
+    (a warning: tune stops it); the same study run from another runs folder must not claim it."""
+    from tuner.lifecycle import MARKER_VAR
+    from tuner.tuning import default_worker
+    from tuner.worklock import marker_for
+
+    study = study_file(tmp_path, "check-stray")
+    target = yaml.safe_load(study.read_text())["target"]
+    runs = tmp_path / "runs"
+    marker = marker_for("check-stray", default_worker(target["host"]), runs / "check-stray")
+    listen = (
+        "import socket, sys, time; s = socket.socket(); "
+        f"s.bind(('127.0.0.1', {target['port']})); s.listen(); print('up', flush=True); "
+        "time.sleep(120)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", listen],
+        env={**os.environ, MARKER_VAR: marker},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
+        keys = {"ssh", "shell", "port"}
+        ours = by_name(run_checks(study, keys=keys, runs_dir=runs))["port"]
+        assert ours.status == WARN and "an earlier `tuner tune`" in ours.detail, ours.detail
+        theirs = by_name(run_checks(study, keys=keys, runs_dir=tmp_path / "other"))["port"]
+        assert theirs.status == FAIL and f"PID {holder.pid}" in theirs.detail, theirs.detail
+    finally:
+        os.killpg(holder.pid, 9)
+        holder.wait(timeout=30)
+        assert holder.stdout is not None
+        holder.stdout.close()
+
+
 @pytest.mark.parametrize("where", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
 def test_gpu_already_held(tmp_path: Path, where: str, request: pytest.FixtureRequest) -> None:
     """target.env's PATH reaches the probes (over SSH too): the fake nvidia-smi answers."""

@@ -285,7 +285,7 @@ def test_resume_after_kill_9_stops_the_leftover_container(tmp_path: Path, fake: 
     runs = tmp_path / "runs"
     argv = [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)]
     argv += ["--worker", "w", "--no-progress"]
-    marker = marker_for("boxed", "w")
+    marker = marker_for("boxed", "w", runs / "boxed")
     err = tmp_path / "first.err"
     try:
         with open(err, "wb") as out:

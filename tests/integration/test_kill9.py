@@ -123,7 +123,7 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     runs = tmp_path / "runs"
     trials = runs / "kill9" / "trials"
-    marker = marker_for("kill9", WORKER)
+    marker = marker_for("kill9", WORKER, runs / "kill9")
     rng = random.Random(20261201)
     log = []
     try:

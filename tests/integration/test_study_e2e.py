@@ -1,9 +1,8 @@
 """`tuner tune` end to end on the simulator: real subprocesses, real HTTP, real SQLite, real sshd.
 
 Each test writes a small study file (free port, short load runs) into a temp dir and drives the
-real console entry point, as a user would. Each test's study has a name of its own: the servers'
-marker derives from the study name (and the worker), so two tests under one name running side by
-side (pytest -n 2) would stop each other's servers as strays an earlier run left behind.
+real console entry point, as a user would. Each test's study has a name of its own (its runs
+folder, study.db and logs are then plainly its own, whatever else two tests share).
 """
 
 from __future__ import annotations
@@ -256,3 +255,49 @@ def test_unknown_flag_stops_the_study_in_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "enable-turbo-mode" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_two_runs_dirs_of_one_study_leave_each_other_s_servers_alone(tmp_path: Path) -> None:
+    """Same study name and worker, two runs folders (two checkouts on one host): the second's
+    start must not take the first's live server for one an earlier run left behind."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    # A's first trial holds its server for a 20 s load run; B starts while it runs
+    first = {"mem-fraction-static": 0.85, "concurrency": 8}
+    study_a = study_file(a, "twin", n_trials=2, baseline=first, workload__duration_s=20)
+    study_b = study_file(b, "twin", n_trials=1, baseline=first)
+    port_a = yaml.safe_load(study_a.read_text())["target"]["port"]
+    argv = [sys.executable, "-m", "tuner", "tune", "--worker", "w", "--no-progress"]
+    proc = subprocess.Popen(
+        [*argv, str(study_a), "--runs-dir", str(a / "runs")],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening(port_a):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "A's first server never listened"
+            time.sleep(0.2)
+        out_b = tuner(*argv[3:], str(study_b), "--runs-dir", str(b / "runs"))
+        assert out_b.returncode == 0, out_b.stderr[-3000:]
+        assert "left behind" not in out_b.stderr, out_b.stderr[-3000:]
+        _, err_a = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err_a[-3000:]
+    st = status(study_a, a / "runs")
+    assert [t["state"] for t in st["trials"]][:2] == ["COMPLETE", "COMPLETE"], err_a[-3000:]
+    assert (st["trials"][0]["score"] or 0) > 0, "A's measured trial lost its server"

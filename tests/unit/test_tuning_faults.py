@@ -163,9 +163,18 @@ def test_one_live_run_per_study_and_worker_and_kill_9_frees_it(tmp_path: Path) -
             holder.stdout.close()
 
 
-def test_markers_are_stable_and_distinct() -> None:
-    assert marker_for("s", "w") == marker_for("s", "w")
-    assert len({marker_for("s", "w"), marker_for("s", "w2"), marker_for("s2", "w")}) == 3
+def test_markers_are_stable_and_distinct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    here = tmp_path / "runs" / "s"
+    monkeypatch.chdir(tmp_path)
+    # the same folder named relatively or absolutely is one marker (a resumed run finds its own)
+    assert marker_for("s", "w", here) == marker_for("s", "w", Path("runs/s"))
+    markers = {
+        marker_for("s", "w", here),
+        marker_for("s", "w2", here),
+        marker_for("s2", "w", here),
+        marker_for("s", "w", tmp_path / "other-runs" / "s"),  # another checkout's runs folder
+    }
+    assert len(markers) == 4
 
 
 @pytest.mark.parametrize("claim", [True, False])

@@ -237,13 +237,15 @@ def port(p: Probe) -> CheckLine:
 
 
 def _our_strays(p: Probe) -> set[int]:
-    """PIDs of servers carrying this study's (default worker's) marker."""
+    """PIDs of servers carrying this study's marker (default worker, `--runs-dir`)."""
     from tuner.lifecycle import MARKER_VAR
+    from tuner.study import study_dir
     from tuner.tuning import default_worker
     from tuner.worklock import marker_for
 
     assert p.host is not None
-    marker = marker_for(p.cfg.study, default_worker(p.cfg.target.host))
+    worker = default_worker(p.cfg.target.host)
+    marker = marker_for(p.cfg.study, worker, study_dir(p.cfg, p.runs_dir))
     return {
         pid
         for pgid, _ in p.host.marked_groups(MARKER_VAR, marker)

@@ -51,14 +51,18 @@ NIGHT = ("ssh", "shell", "workdir", "flags")
 
 
 def run_checks(
-    path: str | Path, deadlines: Deadlines | None = None, keys: Collection[str] | None = None
+    path: str | Path,
+    deadlines: Deadlines | None = None,
+    keys: Collection[str] | None = None,
+    runs_dir: Path = Path("runs"),
 ) -> list[CheckLine]:
-    """Every check of the study file at `path` (or those of `keys`), one line each, in order."""
+    """Every check of the study file at `path` (or those of `keys`), one line each, in order;
+    `runs_dir` is the one `tuner tune` will use (which servers are its own lost ones)."""
     checks = CHECKS if keys is None else tuple(c for c in CHECKS if c.key in keys)
     line, cfg = connect.study_file(path)
     if cfg is None:
         return [line, *(skip(c.label, f"skipped: {line.name} FAILed") for c in checks)]
-    probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines())
+    probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines(), runs_dir=Path(runs_dir))
     try:
         return [line, *_run(checks, probe)]
     finally:

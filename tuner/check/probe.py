@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tuner.config import StudyConfig
@@ -40,6 +41,8 @@ class Probe:
     launch: Launch
     deadlines: Deadlines = field(default_factory=Deadlines)
     host: Host | None = None
+    #: the runs folder `tuner tune` will be given: its servers' marker depends on it
+    runs_dir: Path = Path("runs")
     #: facts a check found for later ones (e.g. "nvidia-smi": its path, "tp": TP size)
     facts: dict[str, Any] = field(default_factory=dict)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,6 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check a study file, its host, SGLang, GPUs, RAM, port and HTTP path before the night",
     )
     p.add_argument("study_file", metavar="STUDY.yaml", help="the study file")
+    p.add_argument(
+        "--runs-dir",
+        default="runs",
+        type=Path,
+        help="the runs folder `tuner tune` will use (which leftover servers are its own)",
+    )
     p.set_defaults(run=run)
 
 
@@ -19,6 +26,6 @@ def run(args: argparse.Namespace) -> int:
     """Print one line per check; exit 0 without a FAIL, 2 with one."""
     from tuner.check import render, run_checks
 
-    lines = run_checks(args.study_file)
+    lines = run_checks(args.study_file, runs_dir=args.runs_dir)
     sys.stdout.write(render(lines))
     return 2 if any(line.failed for line in lines) else 0
