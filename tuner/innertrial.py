@@ -25,6 +25,7 @@ from typing import Any
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
 from tuner.innersearch import Bounds, Point, search, start_at
+from tuner.pooled import SLO_MARGIN
 from tuner.sglang.failures import FailureClass
 from tuner.trial import Status, TrialOutcome, metric_attrs, objective_values
 
@@ -33,10 +34,6 @@ DEFAULT_SEARCH = "inner"
 NAME = "concurrency"
 #: a point is not started when less than this many times the last point's time is left
 TIME_MARGIN = 1.2
-#: a point whose latency is within this share of a limit is no search's best: the search climbs
-#: to the SLO's edge, where one run passes by luck as often as not (the noise of a start is a
-#: few %: tests/bench/bench_search.py's noise table); it stays the answer only when none is safe
-SLO_MARGIN = 0.05
 LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
 
 

@@ -176,12 +176,14 @@ class TrialRunner:
         trial_dir: Path,
         on_start: Callable[[int], None] | None = None,
         deadline: float | None = None,
+        fresh: bool = False,
     ) -> TrialOutcome:
         """One trial; raises InfraError (from the server or host) when the world failed, and
         TrialTimeout (naming the phase) when `deadline` (a `clock()` value) passes.
 
         `on_start(pgid)` is called as soon as a server process group exists, so a kill of the
-        tuner mid-trial still leaves a record of what to stop.
+        tuner mid-trial still leaves a record of what to stop. `fresh`: restart even when the
+        running server has these flags (a confirmation samples a start's luck anew).
         """
         trial_dir.mkdir(parents=True, exist_ok=True)
         self.number = number
@@ -197,10 +199,11 @@ class TrialRunner:
                 objective, Status.REJECTED, verdict.reason, verdict.kind, flags=flags
             )
         replaced = None
-        if self._running_key == canonical(flags):
+        reuse = not fresh and self._running_key == canonical(flags)
+        if reuse:
             self._enter("ready")
             replaced = self._unusable()
-        restarted = self._running_key != canonical(flags) or replaced is not None
+        restarted = not reuse or replaced is not None
         info: dict[str, Any] = {}
         if restarted:
             self._enter("restart")

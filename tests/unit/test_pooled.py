@@ -13,6 +13,7 @@ from tuner.metrics import RequestRecord, percentile
 from tuner.pooled import (
     histogram,
     merge,
+    near_limits,
     pooled_metrics,
     pooled_verdict,
     quantile,
@@ -131,3 +132,16 @@ def test_a_latency_missing_from_a_run_is_not_pooled() -> None:
     a = tails_of(tpot_run(10, 0, 30.0), SLOSection(p99_tpot_ms=50, p99_itl_ms=20))
     b = tails_of(tpot_run(10, 0, 30.0), SLO)
     assert "p99_itl_ms" not in pooled_metrics([a, b]) and "p99_tpot_ms" in pooled_metrics([a, b])
+
+
+def test_near_limits_names_the_latencies_held_by_less_than_the_margin() -> None:
+    pooled = {
+        "p99_tpot_ms": 48.0,  # within 5% of 50: held, by luck as often as not
+        "p99_ttft_ms": 900.0,  # far below 1000
+        "error_rate": 0.0099,  # error rates are counts, not a start's luck: never "near"
+        "limits": {"p99_tpot_ms": 50, "p99_ttft_ms": 1000, "max_error_rate": 0.01},
+    }
+    assert near_limits(pooled) == ["p99_tpot_ms"]
+    assert near_limits(pooled, margin=0.11) == ["p99_tpot_ms", "p99_ttft_ms"]
+    assert near_limits({**pooled, "p99_tpot_ms": 51.0}) == []  # a miss is not "near": it missed
+    assert near_limits({"p99_tpot_ms": 49.0}) == []  # no limits recorded, nothing to be near

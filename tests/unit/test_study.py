@@ -15,7 +15,7 @@ from tuner.errors import HostUnreachable, StudyMismatchError
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import RequestRecord, percentile
 from tuner.precheck import Hardware
-from tuner.results import best_trial
+from tuner.results import best_trial, versus_runner_up
 from tuner.runner import TrialRunner
 from tuner.study import make_sampler, make_storage, open_study, storage_url
 from tuner.studyfile import parse_study
@@ -505,6 +505,51 @@ def test_a_confirmation_run_that_missed_alone_but_holds_pooled_keeps_its_value(
     assert best is not None and best.params["mem-fraction-static"] == 0.9
     assert summary["mean"] == pytest.approx(1010.0) and summary["pooled_missed"] == []
     assert summary["pooled"]["ended"] == 400 and summary["pooled"]["p99_tpot_ms"] < 31
+
+
+def test_confirmation_runs_each_start_a_fresh_server(tmp_path: Path) -> None:
+    """The last trial's server is still up with the winner's flags: confirming on it would
+    measure the same start's luck again."""
+    data = {**TPOT_STUDY, "budget": {"confirm_top": 1, "confirm_repeats": 2, "confirm_extra": 0}}
+    cfg, study, server, tuning = setup(tmp_path, data)
+    scripted(tuning, {0.9: [_tpot_load(1000, 100) for _ in range(3)]})
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 16})
+    tuning.optimize(1, None)
+    assert len(server.restarts) == 1
+    assert tuning.confirm(top=1, repeats=2) == {"0": [1000.0, 1000.0]}
+    assert len(server.restarts) == 3  # one start per confirmation run, none reused
+
+
+@pytest.mark.parametrize(("slow_ms", "extra_runs"), [(49.0, 1), (40.0, 0)])
+def test_a_winner_near_a_limit_runs_again_until_it_clears_or_loses(
+    tmp_path: Path, slow_ms: float, extra_runs: int
+) -> None:
+    """A winner whose pooled p99 holds its limit by less than SLO_MARGIN runs again (fresh
+    starts); here its next runs are slower, it misses pooled, and the runner-up wins. Clear of
+    the limit, nothing more runs."""
+    data = {**TPOT_STUDY, "budget": {"confirm_top": 2, "confirm_repeats": 1, "confirm_extra": 2}}
+    cfg, study, server, tuning = setup(tmp_path, data)
+    lucky = [_tpot_load(1000, 100, 2, slow_ms) for _ in range(2)]
+    scripted(
+        tuning,
+        {
+            # 2 in 100 at slow_ms: p99 = slow_ms, 49 ms is within 5% of 50; later starts slower
+            0.9: [*lucky, *(_tpot_load(1000, 100, 5, 60.0) for _ in range(extra_runs))],
+            0.8: [_tpot_load(900, 100), _tpot_load(900, 100)],
+        },
+    )
+    study.enqueue_trial({"mem-fraction-static": 0.8, "concurrency": 16})
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 16})
+    tuning.optimize(2, None)
+    confirmations = tuning.confirm(top=2, repeats=1)
+    assert len(confirmations["1"]) == 1 + extra_runs and len(confirmations["0"]) == 1
+    best, summary = best_trial(study)
+    assert best is not None
+    if extra_runs:
+        assert best.params["mem-fraction-static"] == 0.8
+        assert versus_runner_up(study)["runner_up_missed"]  # named with what it missed
+    else:
+        assert best.params["mem-fraction-static"] == 0.9 and summary["pooled_missed"] == []
 
 
 def test_a_duplicate_does_not_copy_the_tails_it_did_not_measure(tmp_path: Path) -> None:
