@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.procs import kill_marked
 from tests.helpers.simproc import sim_server
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file, tuner
+from tuner.worklock import marker_for
 
 pytestmark = pytest.mark.slow
 
@@ -297,6 +299,9 @@ def test_two_runs_dirs_of_one_study_leave_each_other_s_servers_alone(tmp_path: P
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        # a failed run (the bug this test guards against) leaves servers: stop them by marker
+        for runs in (a / "runs", b / "runs"):
+            kill_marked(marker_for("twin", "w", runs / "twin"))
     assert proc.returncode == 0, err_a[-3000:]
     st = status(study_a, a / "runs")
     assert [t["state"] for t in st["trials"]][:2] == ["COMPLETE", "COMPLETE"], err_a[-3000:]
