@@ -26,6 +26,7 @@ from tuner.export import write_best
 from tuner.innertrial import trial_time_problem
 from tuner.lifecycle import Server
 from tuner.loadgen import LoadProgress, LoadResult, load_options, run_load_sync
+from tuner.loadwindow import short_window
 from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
 from tuner.progress import ProgressEvent, RunStarted
@@ -36,6 +37,7 @@ from tuner.startlog import StartupLog
 from tuner.study import make_sampler, make_storage, open_study, storage_url, study_dir
 from tuner.studycheck import request_pool
 from tuner.target import Launch, endpoint_for, env_secret, host_for
+from tuner.trial import Attr, full_params
 from tuner.tuning import TuneStats, Tuning, default_worker
 from tuner.workload import Request, requests_for
 from tuner.worklock import WorkerLock, lock_path, marker_for, others_alive
@@ -180,7 +182,7 @@ def tune(
                 seams.runner,
                 out_dir / "trials",
                 worker,
-                events.on_trial,
+                window_watch(cfg, events),
                 lambda pgid: seams.stop_group(pgid, cfg.target.port),
                 # the study's own file: every worker that can write it locks under out_dir
                 claim_unowned=None if storage else lambda: not others_alive(lock),
@@ -195,6 +197,26 @@ def tune(
     finally:
         seams.close()
     return result
+
+
+def window_watch(cfg: StudyConfig, events: Events) -> Callable[[FrozenTrial], None]:
+    """`events.on_trial`, and once per run a warning when a trial's load run measured its
+    window's ramp-up rather than a steady state (loadwindow.py)."""
+    warned = False
+
+    def on_trial(t: FrozenTrial) -> None:
+        nonlocal warned
+        if not warned:
+            concurrency = full_params(t.params, t.user_attrs).get("concurrency")
+            metrics = t.user_attrs.get(Attr.METRICS) or {}
+            note = short_window(cfg.workload.duration_s, metrics, concurrency)
+            if note is not None:
+                warned = True
+                events.say(f"warning: {note}")
+        if events.on_trial is not None:
+            events.on_trial(t)
+
+    return on_trial
 
 
 def _run(

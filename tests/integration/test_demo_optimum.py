@@ -57,6 +57,8 @@ def test_demo_best_within_10pct_of_brute_force(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    # the demo's 6 s windows finish under two requests per stream: said once, with a length
+    assert out.stderr.count("workload.duration_s 6 s is short") == 1, out.stderr[-3000:]
     exported = subprocess.run(
         [
             sys.executable,
