@@ -182,9 +182,8 @@ class TrialRunner:
         TrialTimeout (naming the phase) when `deadline` (a `clock()` value) passes.
 
         `on_start(pgid)` is called as soon as a server process group exists, so a kill of the
-        tuner mid-trial still leaves a record of what to stop. `fresh`: restart even when the
-        running server has these flags (a confirmation samples a start's luck anew).
-        """
+        tuner mid-trial still leaves a record of what to stop. `fresh`: restart even a running
+        server with these flags (a confirmation samples a start's luck anew)."""
         trial_dir.mkdir(parents=True, exist_ok=True)
         self.number = number
         self.deadline = deadline
@@ -198,8 +197,7 @@ class TrialRunner:
             return failed_outcome(
                 objective, Status.REJECTED, verdict.reason, verdict.kind, flags=flags
             )
-        replaced = None
-        reuse = not fresh and self._running_key == canonical(flags)
+        replaced, reuse = None, not fresh and self._running_key == canonical(flags)
         if reuse:
             self._enter("ready")
             replaced = self._unusable()
