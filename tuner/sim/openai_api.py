@@ -312,7 +312,9 @@ async def _stream(
             if reply.chat:
                 if delta:
                     await send_sse(resp, text_chunk(i, delta, lp))
-                if st.finished:
+                # a choice can be yielded again after it ended (two updates queued before
+                # this read): SGLang closes each choice once
+                if st.finished and i not in ended:
                     ended.append(i)
             elif delta or st.finished:
                 await send_sse(resp, text_chunk(i, delta, lp))
