@@ -44,6 +44,18 @@ def server_groups(st: dict, runs: Path, name: str) -> set[int]:
     }
 
 
+def spawn_tune(args: list[str]) -> subprocess.Popen:
+    """`tuner tune ARGS` in its own session (killable as a group), stderr kept."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner", "tune", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
+
+
 def check_best_yaml_starts(best: Path) -> None:
     """SGLang's --config accepts the export as is: the simulator (SGLang's flags) starts from it."""
     flags = yaml.safe_load(best.read_text())
@@ -109,24 +121,7 @@ def interrupt_tune(
 ) -> tuple[int, str]:
     """Run `tuner tune` until `wait_for` exists, wait `settle_s`, send `sig` to the tuner alone
     (its server lives in its own session); returns the exit code and stderr."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "tuner",
-        "tune",
-        str(study),
-        "--runs-dir",
-        str(runs),
-        "--no-progress",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        text=True,
-    )
+    proc = spawn_tune([str(study), "--runs-dir", str(runs), "--no-progress"])
     try:
         _wait_for(wait_for, proc)
         time.sleep(settle_s)
@@ -278,14 +273,7 @@ def test_two_runs_dirs_of_one_study_leave_each_other_s_servers_alone(tmp_path: P
     study_b = study_file(b, "twin", n_trials=1, baseline=first)
     port_a = yaml.safe_load(study_a.read_text())["target"]["port"]
     argv = [sys.executable, "-m", "tuner", "tune", "--worker", "w", "--no-progress"]
-    proc = subprocess.Popen(
-        [*argv, str(study_a), "--runs-dir", str(a / "runs")],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        text=True,
-    )
+    proc = spawn_tune([*argv[4:], str(study_a), "--runs-dir", str(a / "runs")])
     try:
         deadline = time.monotonic() + 120
         while not _listening(port_a):
