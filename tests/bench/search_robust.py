@@ -5,7 +5,10 @@ simulator's noise (seeds no study uses), one load run each; its score is the mea
 measured scores when none died and the SLOs hold on all their requests pooled (tuner.pooled),
 else 0. A single noise-free run is one sample like any other: at an SLO's edge (Llama-70B at
 concurrency 63: p99 TPOT passes in 3 of 6 noisy starts, fails noise-free) it calls a coin toss
-a fact, and an optimum found that way is one no user could keep.
+a fact, and an optimum found that way is one no user could keep. The optimum is chosen on one
+set of starts (ROBUST_SEED0) and valued, like every pick, on another (HELDOUT_SEED0): the best of
+many configurations scored on the same starts is the one those starts favoured most (demo: 2,677
+on its selection starts, 2,649 held out), a bar no pick scored on other starts could reach.
 
 `confirmed_pick`: the default strategy's study stopped after its n-th restart, then resumed to
 run the tuner's own confirmation (the case's confirm settings or tuner's defaults), and the
@@ -35,6 +38,10 @@ from tuner.trial import Attr, full_params, objective_values
 #: fresh noisy starts per configuration, and the first of their seeds (studies use 0..99)
 ROBUST_RUNS = [5]
 ROBUST_SEED0 = 10_000
+#: the first seed of the held-out starts: the optimum is chosen on ROBUST_SEED0's starts and
+#: valued, like every pick, on these (a maximum over many configurations each scored on one set
+#: of starts is biased up by whichever was lucky on them: the optimizer's curse)
+HELDOUT_SEED0 = 20_000
 #: SQLite's fsync per commit dominates a virtual study on a disk; tmpfs when there is one
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 #: the resumed (confirming) run draws its noise from the study's seed plus this
@@ -56,12 +63,12 @@ def one_run(cfg: Any, requests: list, params: dict[str, Any], seed: int, noise: 
     return result, score_load(result, cfg.objective.slo)
 
 
-def robust(cfg: Any, requests: list, params: dict[str, Any]) -> float:
-    """The mean measured score over ROBUST_RUNS noisy fresh starts; 0 when one could not start
-    or died, or the SLOs miss on every request of the runs pooled."""
+def robust(cfg: Any, requests: list, params: dict[str, Any], seed0: int = ROBUST_SEED0) -> float:
+    """The mean measured score over ROBUST_RUNS noisy fresh starts (seeds from `seed0`); 0 when
+    one could not start or died, or the SLOs miss on every request of the runs pooled."""
     values, tails = [], []
     for i in range(ROBUST_RUNS[0]):
-        got = one_run(cfg, requests, params, ROBUST_SEED0 + i, noise=True)
+        got = one_run(cfg, requests, params, seed0 + i, noise=True)
         if got is None:
             return 0.0
         result, metrics = got
