@@ -171,9 +171,17 @@ def test_http_path_agrees_with_virtual_time():
     v_dur = max(r.end_s for r in virtual)
     v_tput = sum(r.completion_tokens for r in virtual) / v_dur
     v_e2e = sum(r.end_s - r.start_s for r in virtual) / len(virtual)
-    with sim_server(*flags[2:]) as sim:
-        recs, dur = closed_loop(sim.url, reqs, 8)
-    tput = sum(r.completion_tokens for r in recs) / dur
-    e2e = sum(r.end - r.start for r in recs) / len(recs)
-    assert 0.8 < tput / v_tput < 1.2, (tput, v_tput)
-    assert 0.8 < e2e / v_e2e < 1.25, (e2e, v_e2e)
+    # the HTTP server keeps real time: a machine busy with other work can only slow it down, so
+    # the best of a few fresh runs is compared (a server faster than its model fails at once)
+    seen = []
+    for _ in range(3):
+        with sim_server(*flags[2:]) as sim:
+            recs, dur = closed_loop(sim.url, reqs, 8)
+        tput = sum(r.completion_tokens for r in recs) / dur
+        e2e = sum(r.end - r.start for r in recs) / len(recs)
+        assert tput / v_tput < 1.2 and e2e / v_e2e > 0.8, (tput, v_tput, e2e, v_e2e)
+        seen.append((tput / v_tput, e2e / v_e2e))
+        if tput / v_tput > 0.8 and e2e / v_e2e < 1.25:
+            break
+    assert 0.8 < max(t for t, _ in seen) < 1.2, seen
+    assert 0.8 < min(e for _, e in seen) < 1.25, seen
