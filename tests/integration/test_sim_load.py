@@ -183,5 +183,5 @@ def test_http_path_agrees_with_virtual_time():
         seen.append((tput / v_tput, e2e / v_e2e))
         if tput / v_tput > 0.8 and e2e / v_e2e < 1.25:
             break
-    assert 0.8 < max(t for t, _ in seen) < 1.2, seen
-    assert 0.8 < min(e for _, e in seen) < 1.25, seen
+    # one run inside both bands (each run already held the bounds a busy machine cannot move)
+    assert tput / v_tput > 0.8 and e2e / v_e2e < 1.25, seen
