@@ -10,6 +10,7 @@
         relay.chaos(5.0, seed=1)             # cut a random live connection ~5 times a second
         relay.chaos(0)                       # stop the chaos
         relay.cut_after_bytes(1240)          # cut new connections once the client sent > 1240 B
+        relay.stall()                        # current connections drop every byte, never close
         relay.first_bytes                    # the last connection's first client bytes (<= 8 KiB)
         relay.stats                          # accepted, refused, cut counts
 
@@ -56,6 +57,7 @@ class _Conn:
         self.head = bytearray()  # the client's first bytes, whatever the TCP segmentation
         self._closed = threading.Lock()
         self.closed = False
+        self.stalled = False  # bytes read are dropped: a link that loses packets, no RST
 
     def close(self) -> bool:
         """Shut both sockets down and close them; True the first time."""
@@ -141,6 +143,15 @@ class Relay:
             self.stats.cut += n
         return n
 
+    def stall(self) -> int:
+        """From now on drop every byte of the current connections without closing them (a host
+        that froze, a route that loses packets: TCP notices after many minutes, if ever); new
+        connections are relayed as before. How many were stalled."""
+        with self._lock:
+            for c in self._conns:
+                c.stalled = True
+            return len(self._conns)
+
     def refuse(self, seconds: float | None = None) -> None:
         """Close new connections as soon as they are accepted: for `seconds`, or until accept()."""
         if seconds is not None and seconds < 0:
@@ -215,6 +226,8 @@ class Relay:
                 data = src.recv(CHUNK)
                 if not data:
                     break
+                if conn.stalled:
+                    continue  # read (TCP acks it) and lost: the sender never hears of it
                 if src is conn.client:
                     if len(conn.head) < HEAD_BYTES:
                         conn.head += data[: HEAD_BYTES - len(conn.head)]

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.relay import Relay
 from tests.helpers.sshd import Sshd
-from tuner.errors import HostUnreachable
+from tuner.errors import CommandTimeout, HostUnreachable
 from tuner.hosts import SSHHost
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -87,6 +87,22 @@ def test_cut_during_a_command_never_hangs(host: SSHHost, relay: Relay) -> None:
     # run_shell retries once after a drop: the command's second run finishes, or it gives up
     assert isinstance(out, HostUnreachable) or out.stdout == "finished\n", out
     assert took < BOUND_S
+
+
+def test_a_silent_link_reconnects_for_the_next_command(host: SSHHost, relay: Relay) -> None:
+    """A link that loses every byte without a reset (a frozen host, a lost route): the command
+    running then ends at its deadline; the next cannot open a channel in time, so it reconnects
+    and runs."""
+    assert host.run_shell("true").ok
+    threading.Timer(0.5, relay.stall).start()
+    out, took = _timed(host.run_shell, "sleep 2; echo finished", timeout=4)
+    print(f"stalled mid-command: {type(out).__name__} in {took:.2f} s")
+    assert isinstance(out, CommandTimeout), out
+    assert took < BOUND_S and relay.stats.accepted == 1
+    out, took = _timed(host.run_shell, "echo again", timeout=10)
+    print(f"next command: {type(out).__name__} in {took:.2f} s")
+    assert not isinstance(out, Exception), out
+    assert out.stdout == "again\n" and relay.stats.accepted == 2 and took < BOUND_S
 
 
 def test_refused_until_accept_raises_host_unreachable(host: SSHHost, relay: Relay) -> None:

@@ -164,6 +164,27 @@ def test_a_cut_tunnel_comes_back_on_the_same_port(sshd_server: Sshd, tmp_path: P
     _no_tunnel_left()
 
 
+def test_a_silent_transport_is_replaced(sshd_server: Sshd, tmp_path: Path) -> None:
+    """A link that loses every packet without a reset (a frozen host, a dropped route): TCP
+    would not notice for many minutes. An open that times out asks the transport for a reply;
+    none within the probe's time closes it, and the next connection goes over a new one."""
+    with sim_server() as sim, Relay(sshd_server.port) as relay:
+        host = SSHHost(sshd_server.relayed(relay.port, tmp_path))
+        fwd = Forward(host, sim.port, open_timeout_s=2.0, probe_timeout_s=2.0)
+        try:
+            url = f"http://127.0.0.1:{fwd.port}"
+            assert _get(url + "/health")[0] == 200
+            assert relay.stall() == 1  # the forward's one SSH connection
+            t0, status = time.monotonic(), None
+            while status != 200 and time.monotonic() - t0 < BOUND_S:
+                status = _get(url + "/health", timeout=10)[0]
+            assert status == 200, "still no way through the forward"
+            assert fwd.breaks == 1 and relay.stats.accepted == 2
+        finally:
+            fwd.close()
+            host.close()
+
+
 def test_a_dead_tunnel_process_comes_back_on_the_same_port(sshd_server: Sshd) -> None:
     with sim_server() as sim, TunnelEndpoint(SSHHost(sshd_server.options())) as ep:
         url = ep.url(sim.port)

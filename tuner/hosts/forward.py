@@ -14,7 +14,9 @@ are daemons and `close()` joins them. A study runs the forward in a child proces
 (tuner/hosts/forward_proc.py), so these threads never take the load client's GIL.
 
 The local port stays the same for the forward's life. `host.transport()` reconnects a dropped
-transport, so after a drop new connections go over the new one. An open that fails closes the
+transport, so after a drop new connections go over the new one. A transport that went silent
+(no reset: a frozen host, a route that loses packets) still looks active; an open that times out
+on it asks for a keepalive reply, and one that does not come within `probe_timeout_s` closes it. An open that fails closes the
 accepted socket at once and is recorded in `last_error`: kind `tunnel` (the transport is down
 and could not be re-established: the host is unreachable) or `refused` (the host answered, but
 nothing accepts connections on `remote_port` there: the server is not listening yet).
@@ -51,6 +53,10 @@ DOWN_S = 2.0
 WINDOW_POLL_S = 0.005
 #: the listening socket's backlog: the load client may connect hundreds of times at once
 BACKLOG = 1024
+
+#: after an open timed out, how long a transport may take to answer a keepalive before it is
+#: taken for dead (a frozen host or a route that loses packets: TCP notices after many minutes)
+PROBE_S = 5.0
 
 #: ChannelException codes (RFC 4254 5.1): the host forbids forwarding / could not connect
 _PROHIBITED = 1
@@ -98,6 +104,20 @@ class _Pipe:
         return self.down_shut and (self.up_shut or self.chan.closed)
 
 
+def _answers(tr: paramiko.Transport, timeout_s: float) -> bool:
+    """Does `tr` answer a global request (OpenSSH's keepalive) within `timeout_s`? paramiko's
+    wait has no deadline, so it runs on a thread that ends when the transport closes."""
+    done = threading.Event()
+
+    def ask() -> None:
+        with contextlib.suppress(Exception):  # denied or dropped: either way it ends
+            tr.global_request("keepalive@openssh.com", wait=True)
+        done.set()
+
+    threading.Thread(target=ask, name="tunnel-probe", daemon=True).start()
+    return done.wait(timeout_s) and tr.is_active()
+
+
 def listening_socket() -> socket.socket:
     """A TCP socket listening on 127.0.0.1, on a port the kernel picks."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -117,6 +137,7 @@ class Forward:
         *,
         remote_host: str = "127.0.0.1",
         open_timeout_s: float = 10.0,
+        probe_timeout_s: float = PROBE_S,
         lock: threading.Lock | None = None,
         listener: socket.socket | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -124,6 +145,8 @@ class Forward:
         self.host = host
         self.remote = (remote_host, remote_port)
         self.open_timeout_s = open_timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self._probing = threading.Lock()  # one keepalive at a time (paramiko keeps one event)
         self._lock = lock or threading.Lock()
         self._clock = clock
         #: why the last open failed (None after a success)
@@ -247,6 +270,7 @@ class Forward:
             except paramiko.ChannelException:
                 raise
             except (paramiko.SSHException, OSError, EOFError) as exc:
+                self._close_if_silent(tr)
                 self._note_dead(tr)
                 raise _NoTransport(f"the SSH connection failed opening a channel: {exc}") from exc
         except _NoTransport as exc:
@@ -263,6 +287,17 @@ class Forward:
             self.last_error = None
             self.opened += 1
         return chan
+
+    def _close_if_silent(self, tr: paramiko.Transport) -> None:
+        """An open failed on a transport paramiko still calls active (e.g. it timed out): one
+        that does not answer a keepalive within `probe_timeout_s` is closed, so the next open
+        reconnects instead of waiting out the same silence."""
+        with self._probing:
+            if tr.is_active() and not _answers(tr, self.probe_timeout_s):
+                log.warning(
+                    "tunnel to %s: the SSH connection went silent; reconnecting", self._where()
+                )
+                tr.close()
 
     def _failed(self, kind: str, reason: str) -> None:
         self.last_error = ForwardError(kind, reason, self._clock())
