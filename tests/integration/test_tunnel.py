@@ -440,3 +440,60 @@ def test_a_tunnel_cut_mid_load_is_the_worlds(sshd_server: Sshd, tmp_path: Path) 
         assert again[Attr.STATUS] in MEASURED, again
     assert relay.stats.accepted >= 4  # both connections came back
     _groups_gone(trials)
+
+
+def test_a_tunnel_stalled_mid_load_is_the_worlds(sshd_server: Sshd, tmp_path: Path) -> None:
+    with Relay(sshd_server.port) as relay:
+        known = sshd_server.known_hosts_at(relay.port, tmp_path)
+        ssh = {
+            "user": "root",
+            "port": relay.port,
+            "identity_file": str(sshd_server.client_key),
+            "known_hosts": str(known),
+            "ssh_config": "",
+        }
+        # a 5 s window: seconds of requests in flight to cut, however slowly a busy machine
+        # starts them
+        study = _ssh_study(tmp_path, "stall", sshd_server, "127.0.0.1", ssh, 2, duration_s=5)
+        port = yaml.safe_load(study.read_text())["target"]["port"]
+        runs = tmp_path / "runs"
+        cmd = [sys.executable, "-m", "tuner", "tune", str(study), "--runs-dir", str(runs)]
+        proc = subprocess.Popen(
+            [*cmd, "--no-progress"],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            trials_dir = runs / "stall" / "trials"
+            cut = _wait_for_requests_in_load(trials_dir, port, lambda: proc.poll() is not None)
+            assert relay.stall() >= 2  # the command connection and the tunnel's: silent
+            _, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert proc.returncode == 0, err[-3000:]
+    trials = _trials(runs, "stall")
+    failed = trials[cut]
+    print(f"\ntrial {cut} after the stall: {failed.state.name} {failed.user_attrs}")
+    assert failed.state.name == "FAIL"  # the world's: no constraint, no value
+    # the link fell silent: seen as a tunnel that broke, or a server that stopped answering
+    # through it (the world's either way: not the configuration's)
+    assert "during the load run" in failed.user_attrs[Attr.INFRA_ERROR]
+    # never recorded as the configuration's
+    assert failed.user_attrs.get(Attr.STATUS, Status.WORLD) == Status.WORLD
+    retry = [t for t in trials if t.user_attrs.get(Attr.RETRY_OF) == cut]
+    assert retry, "the cut trial was not retried"
+    again = retry[0].user_attrs
+    if again.get(Attr.STATUS) == Status.FLAGGED:
+        # the retry's load run went through the re-established tunnel, but a busy machine made
+        # the load client lag: not trusted (the world's again), yet every request came back
+        assert retry[0].state.name == "FAIL" and again[Attr.METRICS]["errors"] == 0, again
+        assert again[Attr.METRICS]["completed"] > 0, again
+    else:
+        assert retry[0].state.name == "COMPLETE", again
+        assert again[Attr.STATUS] in MEASURED, again
+    assert relay.stats.accepted >= 4  # both connections came back
+    _groups_gone(trials)
