@@ -3,9 +3,9 @@
 Knowledge grows during a study: the first successful start calibrates the KV pool (tokens at an
 mfs), every CUDA-graph capture failure marks the mfs above which the same memory flags fail, a
 "Not enough memory" start the mfs at or below which they fail, and a death under load (a prefill
-out of memory) at mfs m and concurrency c that higher m with the same flags dies at c or more
-(less headroom, same prefills). Only certain failures are rejected; anything doubtful is left
-to measurement.
+out of memory) at mfs m and concurrency c that higher m with the same flags, or with a larger
+chunked-prefill-size, dies at c or more (less headroom, prefills no smaller). Only certain
+failures are rejected; anything doubtful is left to measurement.
 """
 
 from __future__ import annotations
@@ -83,11 +83,32 @@ class Knowledge:
         return replace(self, deaths=(*self.deaths, entry))
 
     def death_cap(self, flags: Mapping[str, Any]) -> int | None:
-        """The lowest concurrency at which a server like this one (same memory flags, mfs no
-        higher) died under load, or None."""
+        """The lowest concurrency at which a server no sturdier than this one died under load
+        (`dies_no_later`), or None."""
         key, mfs = memory_key(flags), _mfs(flags)
-        caps = [c for k, m, c, _ in self.deaths if k == key and mfs >= m]
+        caps = [c for k, m, c, _ in self.deaths if dies_no_later(k, m, key, mfs)]
         return min(caps) if caps else None
+
+
+def dies_no_later(died_key: tuple, died_mfs: float, key: tuple, mfs: float) -> bool:
+    """Does a death under load with memory flags `died_key` at `died_mfs` say that a server with
+    `key` at `mfs` dies at that concurrency or less? Yes when it has no more headroom (mfs no
+    lower) for prefills no smaller: every other memory flag equal, and a chunked-prefill-size
+    no smaller (the activations a prefill batch needs grow with it; the memory left after start
+    does not depend on it). -1 (no chunking) and SGLang's default are compared only as equal."""
+    if mfs < died_mfs:
+        return False
+    if key == died_key:
+        return True
+    died, this = dict(died_key), dict(key)
+    name = "chunked-prefill-size"
+    if {k: v for k, v in died.items() if k != name} != {k: v for k, v in this.items() if k != name}:
+        return False
+    try:
+        died_chunk, chunk = int(died[name]), int(this[name])
+    except (TypeError, ValueError):  # "None": SGLang picks the size by GPU, unknown here
+        return False
+    return 0 < died_chunk <= chunk
 
 
 def _mfs(flags: Mapping[str, Any]) -> float:
@@ -188,15 +209,23 @@ def _learned(
                 "not_enough_memory",
             )
     for failed_key, failed_mfs, died_at, trial in know.deaths:
-        if failed_key == key and mfs >= failed_mfs and concurrency and concurrency >= died_at:
+        if not (concurrency and concurrency >= died_at):
+            continue
+        if dies_no_later(failed_key, failed_mfs, key, mfs):
+            same = "the same memory flags" if failed_key == key else _smaller_chunk(failed_key)
             return Verdict(
                 False,
                 f"mem-fraction-static {mfs:g} >= {failed_mfs:g} at concurrency {concurrency} >= "
-                f"{died_at}: the server died under load there with the same memory flags and "
+                f"{died_at}: the server died under load there with {same} and "
                 f"workload (trial {trial})",
                 "oom_runtime",
             )
     return None
+
+
+def _smaller_chunk(key: tuple) -> str:
+    chunk = dict(key)["chunked-prefill-size"]
+    return f"chunked-prefill-size {chunk} (smaller) and the same other memory flags"
 
 
 def hicache_ram_problem(size_gb: float, host_ram_bytes: float, tp: int, dp: int) -> str | None:

@@ -26,8 +26,18 @@ def test_a_death_under_load_rejects_higher_mfs_at_that_concurrency_or_more() -> 
     # less load, less mfs, another chunk size, or load unknown: measured, not rejected
     assert precheck({**BASE, "mem-fraction-static": 0.93}, hw, know, concurrency=64).feasible
     assert precheck({**BASE, "mem-fraction-static": 0.88}, hw, know, concurrency=200).feasible
-    other = {**BASE, "chunked-prefill-size": 4096, "mem-fraction-static": 0.93}
-    assert precheck(other, hw, know, concurrency=200).feasible
+    smaller = {**BASE, "chunked-prefill-size": 4096, "mem-fraction-static": 0.93}
+    assert precheck(smaller, hw, know, concurrency=200).feasible
+    # a larger chunk needs more activation memory for a prefill at the same headroom
+    larger = {**BASE, "chunked-prefill-size": 16384, "mem-fraction-static": 0.90}
+    v = precheck(larger, hw, know, concurrency=128)
+    assert not v.feasible and "chunked-prefill-size 8192 (smaller)" in v.reason
+    assert know.death_cap(larger) == 128 and know.death_cap(smaller) is None
+    # another memory flag, or a chunk size SGLang picks: nothing known
+    tp2 = {**larger, "tensor-parallel-size": 2}
+    assert precheck(tp2, hw, know, concurrency=200).feasible and know.death_cap(tp2) is None
+    auto = {"model-path": "m", "mem-fraction-static": 0.95}
+    assert know.death_cap(auto) is None
     assert precheck({**BASE, "mem-fraction-static": 0.93}, hw, know).feasible
     # the inner search stays below the concurrency that killed a server like it
     assert know.death_cap({**BASE, "mem-fraction-static": 0.95}) == 128
