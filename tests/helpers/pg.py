@@ -1,7 +1,8 @@
 """A test-owned PostgreSQL server on 127.0.0.1 (Debian's postgresql), for shared-study tests.
 
 The cluster lives in a temp dir owned by the `postgres` user (initdb refuses root), listens on a
-free port, and is stopped by its process group at the end of the session.
+free port, and is stopped by its process group at the end of the session, or by the kernel's
+parent-death signal when pytest is killed first.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def require_postgres() -> tuple[str, str]:
 def postgres_url() -> Iterator[str]:
     """URL of an empty database `tuner` on a fresh cluster."""
     initdb, server = require_postgres()
+    with cluster(initdb, server) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def cluster(initdb: str, server: str) -> Iterator[tuple[str, int]]:
+    """(URL of an empty database `tuner`, the postmaster's pid) on a fresh cluster."""
     # not under pytest's temp root: it is mode 0700 and the postgres user could not enter it
     root = Path(tempfile.mkdtemp(prefix="tuner-pg-"))
     data = root / "data"
@@ -57,7 +65,8 @@ def postgres_url() -> Iterator[str]:
     subprocess.run(initdb_argv, check=True, capture_output=True)
     port = free_port()
     log = root / "postgres.log"
-    server_argv = [*as_postgres, server, "-D", str(data), "-p", str(port), "-k", str(root)]
+    server_argv = [*_as_postgres_dying_with_us(), server, "-D", str(data), "-p", str(port)]
+    server_argv += ["-k", str(root)]
     server_argv += ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -72,7 +81,7 @@ def postgres_url() -> Iterator[str]:
         createdb = _bin("createdb") or "createdb"
         createdb_argv = [createdb, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "tuner"]
         subprocess.run(createdb_argv, check=True, capture_output=True)
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/tuner"
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/tuner", proc.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGINT)  # fast shutdown
@@ -82,6 +91,17 @@ def postgres_url() -> Iterator[str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _as_postgres_dying_with_us() -> list[str]:
+    """Run as `postgres`, and shut down fast (SIGINT) when this process dies, even by SIGKILL
+    (the fixture's `finally` never runs then): setpriv sets the parent-death signal after the
+    user change, which would clear it. runuser where setpriv is missing."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return ["runuser", "-u", "postgres", "--"]
+    ids = ["--reuid=postgres", "--regid=postgres", "--init-groups"]
+    return [setpriv, *ids, "--pdeathsig", "INT", "--"]
 
 
 def _wait_ready(port: int, proc: subprocess.Popen, log: Path, deadline_s: float = 30.0) -> None:

@@ -61,3 +61,44 @@ def test_simulator_ends_when_the_test_process_is_killed() -> None:
         if sim and _alive(sim):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(sim, signal.SIGKILL)  # its own group (start_new_session)
+
+
+PG_SPAWN = (
+    "import sys, time\n"
+    "from tests.helpers.pg import cluster\n"
+    "with cluster(sys.argv[1], sys.argv[2]) as (url, pid):\n"
+    "    print(pid, flush=True)\n"
+    "    time.sleep(120)\n"
+)
+
+
+@pytest.mark.skipif(not DIE_WITH_PARENT, reason="util-linux setpriv is not installed")
+def test_postgres_ends_when_the_test_process_is_killed() -> None:
+    from tests.helpers.pg import require_postgres
+
+    initdb, server = require_postgres()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PG_SPAWN, initdb, server],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pg = 0
+    try:
+        assert parent.stdout is not None
+        pg = int(parent.stdout.readline())
+        assert _alive(pg)
+        parent.kill()  # SIGKILL: the cluster's `finally` never runs
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while _alive(pg) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pg), "PostgreSQL outlived the process that started it"
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+        if pg and _alive(pg):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pg, signal.SIGKILL)  # its own group (start_new_session)
