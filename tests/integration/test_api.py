@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from optuna.trial import TrialState
 
 from tests.helpers.studies import study_file
 from tuner.api import Events, tune
@@ -26,7 +27,9 @@ def test_tune_runs_a_study_and_writes_best_yaml(tmp_path: Path) -> None:
         events=Events(on_trial=lambda t: seen.append(t.number), on_message=messages.append),
     )
     trials = result.study.get_trials(deepcopy=False)
-    assert len(trials) == 3 and sorted(seen) == [t.number for t in trials]
+    # a FAIL is the world's (a client that lagged on a busy machine): retried, not counted
+    done = [t for t in trials if t.state != TrialState.FAIL]
+    assert len(done) == 3 and sorted(seen) == [t.number for t in trials]
     # the baseline (mfs 0.98) cannot capture CUDA graphs: recorded as the configuration's failure
     assert trials[0].user_attrs[Attr.STATUS] == Status.START_FAILED
     assert result.best_path == tmp_path / "runs" / "api" / "best.yaml"
@@ -35,5 +38,5 @@ def test_tune_runs_a_study_and_writes_best_yaml(tmp_path: Path) -> None:
     assert result.best_yaml == result.best_path.read_text()
     # a second call resumes: the budget is spent, nothing new runs, the export is the same
     again = tune(cfg, runs_dir=tmp_path / "runs", seed=7)
-    assert len(again.study.get_trials(deepcopy=False)) == 3
+    assert len(again.study.get_trials(deepcopy=False)) == len(trials)
     assert again.best_path.read_text() == result.best_path.read_text()
