@@ -34,7 +34,14 @@ from tuner.results import feasible_trials
 from tuner.runner import TrialRunner
 from tuner.sglang.flags import normalize_flags
 from tuner.startlog import StartupLog
-from tuner.study import make_sampler, make_storage, open_study, storage_url, study_dir
+from tuner.study import (
+    check_study_dir,
+    make_sampler,
+    make_storage,
+    open_study,
+    storage_url,
+    study_dir,
+)
 from tuner.studycheck import request_pool
 from tuner.target import Launch, endpoint_for, env_secret, host_for
 from tuner.trial import Attr, full_params
@@ -163,13 +170,14 @@ def tune(
     events = events or Events()
     worker = worker or default_worker(cfg.target.host)
     # everything a user can get wrong is checked before the first byte is written
-    api_key = env_secret(cfg.target.api_key_env, "target.api_key_env")
+    api_key = env_secret(cfg.target.api_key_env, "target.api_key_env", cfg.source)
     sampler = make_sampler(cfg, seed)
     url = storage_url(cfg, runs_dir, storage)
     if make_seams is None:
         # SSH, the remote shell, the flags on the host's SGLang: nothing created yet
         before_night(cfg)
     out_dir = study_dir(cfg, runs_dir)
+    check_study_dir(out_dir)
     seams = (make_seams or build_seams)(cfg, api_key, marker_for(cfg.study, worker, out_dir))
     try:
         study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)

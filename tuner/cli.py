@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from tuner import __version__
-from tuner.errors import HaltError, InfraError, TunerError
+from tuner.errors import HaltError, InfraError, TunerError, one_line
 
 COMMANDS = ("check", "tune", "status", "export", "report", "capacity", "bench", "sim")
 
@@ -74,13 +74,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
         return int(args.run(args) or EXIT_OK)
     except TunerError as exc:
-        print(f"tuner: error: {exc}", file=sys.stderr)
+        print(f"tuner: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except InfraError as exc:
-        print(f"tuner: failed: {exc}", file=sys.stderr)
+        print(f"tuner: failed: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except HaltError as exc:
-        print(f"tuner: stopped: {exc} (run the same command again to resume)", file=sys.stderr)
+        print(
+            f"tuner: stopped: {one_line(str(exc))} (run the same command again to resume)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)

@@ -11,14 +11,26 @@ import math
 import re
 import reprlib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from tuner.configbase import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_STEPS,
+    MAX_TOKENS,
+    MAX_TRIALS,
+    Duration,
+    Model,
+    number_problem,
+    parse_duration,
+)
 from tuner.container import ContainerSection
 from tuner.errors import ConfigError
 from tuner.notify import NotifySection
 from tuner.scorename import Metric
+from tuner.workloadcfg import WorkloadSection
 from tuner.yamlfile import special_file
 
 FLAG_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -27,40 +39,14 @@ CLIENT_PARAMS = frozenset({"concurrency", "request-rate"})
 Scalar = str | int | float | bool
 FlagValue = Scalar | list[Scalar]
 Comparison = Literal["gt", "ge", "lt", "le", "ne"]
-DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-#: the longest wait or run any duration may ask for: a week (a night's budget, with room)
-MAX_DURATION_S = 7 * 86400.0
-#: the longest request length (tokens) without a model config to give the context length
-MAX_TOKENS = 1_000_000
-#: client concurrency beyond this is a typo, not a load (each slot is an open connection)
-MAX_CONCURRENCY = 10_000
-
-
-def parse_duration(value: str | float | int) -> float:
-    """`90`, `90s`, `15m`, `8h`, `1d` -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration like 90s, 15m or 8h, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        m = DURATION_RE.match(value)
-        if not m:
-            raise ValueError(f"expected a duration like 90s, 15m or 8h, got {value!r}")
-        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a duration must be positive and finite, got {value!r}")
-    if seconds > MAX_DURATION_S:
-        raise ValueError(f"a duration must be at most 7d ({MAX_DURATION_S:g} s), got {value!r}")
-    return seconds
-
-
-Duration = Annotated[float, Field(gt=0, le=MAX_DURATION_S)]
-
-
-class Model(BaseModel):
-    """Strict, immutable base: unknown keys are errors, `true` is not 1, floats are finite."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_DURATION_S",
+    "MAX_TOKENS",
+    "MAX_TRIALS",
+    "WorkloadSection",
+    "parse_duration",
+]
 
 
 class SSHSection(Model):
@@ -99,15 +85,16 @@ class TargetSection(Model):
 
     host: str = "local"  # `local`, an ssh_config alias, or a host name / address
     ssh: SSHSection = SSHSection()
-    launch: list[str] = ["python", "-m", "sglang.launch_server"]  # argv before the flags
-    env: dict[str, str] = {}
+    #: argv before the flags
+    launch: list[str] = Field(default_factory=lambda: ["python", "-m", "sglang.launch_server"])
+    env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES
     port: int = Field(30000, ge=1, le=65535)
     http_host: str | None = None  # address the tuner reaches the server at (default: the host)
     api_key_env: str | None = None  # environment variable holding --api-key; never stored
     #: real SGLang flags tuner's table lacks: passed as given, SGLang judges them (studycheck)
-    unchecked_flags: list[str] = []
+    unchecked_flags: list[str] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
     container: ContainerSection | None = None  # run the server in one (schema: container.py)
 
@@ -149,6 +136,8 @@ class ParamSpec(Model):
         if kind in ("categorical", "bool"):
             if self.low is not None or self.high is not None:
                 raise ValueError(f"a {kind} parameter takes choices, not low/high")
+            if self.step is not None or self.log:
+                raise ValueError("step and log apply to a range (low/high), not to choices")
             if kind == "categorical" and not self.choices:
                 raise ValueError("choices: expected a non-empty list")
             return self
@@ -160,6 +149,12 @@ class ParamSpec(Model):
             raise ValueError(f"log scale needs low > 0, got {self.low:g}")
         if self.log and self.step is not None and kind == "float":
             raise ValueError("step and log cannot be combined for a float (optuna's rule)")
+        if self.step is not None and (self.high - self.low) / self.step > MAX_STEPS:
+            raise ValueError(
+                f"step {self.step:g} makes more than {MAX_STEPS:,} points from low to high"
+            )
+        if self.choices is not None:
+            raise ValueError("a range takes low/high, not choices")
         if kind == "int":
             for name in ("low", "high", "step"):
                 value = getattr(self, name)
@@ -179,100 +174,6 @@ class ParamSpec(Model):
         bounds = [v for v in (self.low, self.high, self.step) if v is not None]
         integer = bounds and all(float(v).is_integer() for v in bounds) and self.step != 0
         return "int" if integer else "float"
-
-
-class WorkloadSection(Model):
-    """The traffic each trial is scored on and how it is sent: the one source of these options'
-    defaults and of their checks' wording. `tuner.workload.requests_for` and
-    `tuner.loadgen.load_options` build the I/O layer's types from it; `tuner bench` builds one
-    from its flags (naming the flag instead of the key)."""
-
-    kind: Literal["random", "shared-prefix", "multi-turn", "sharegpt", "jsonl"] = "random"
-    backend: Literal["sglang", "openai", "openai-chat"] = "sglang"
-    input_len: int = 1024
-    output_len: int = 256
-    range_ratio: float = 1.0  # lengths uniform in [max(L * ratio, 1), L]: 1 = exactly L
-    length_dist: Literal["uniform", "fixed", "lognormal"] = "uniform"
-    lognormal_sigma: float = 0.5  # lognormal lengths: median L, clipped to [1, 4 L]
-    num_groups: int = 64  # shared-prefix: groups x prompts_per_group requests
-    prompts_per_group: int = 16
-    prefix_len: int = 2048
-    question_len: int = 128
-    turns: int = 4  # multi-turn: turns per conversation
-    shuffle: bool = True  # interleave shared-prefix groups; sample dataset records at random
-    dataset: str | None = Field(None, validate_default=True)
-    dataset_output_len: int | None = None  # dataset records: this many output tokens each
-    num_requests: int | None = None
-    duration_s: float | None = 60
-    warmup_requests: int = 1
-    flush_cache: bool = True
-    request_rate: float | None = None  # None = closed loop at the trial's concurrency
-    request_timeout_s: float = 600
-    max_error_rate: float = 0.05  # beyond it the run stops early, flagged
-    stream: bool = True
-    model: str | None = None  # OpenAI endpoints' model name; None = the first of /v1/models
-    seed: int = 0
-
-    # the checks are validators rather than Field(ge=...) so that their wording reads the same
-    # after a key (study file) or a flag (`tuner bench`)
-    @field_validator(
-        "input_len",
-        "output_len",
-        "num_groups",
-        "prompts_per_group",
-        "question_len",
-        "turns",
-        "num_requests",
-        "dataset_output_len",
-    )
-    @classmethod
-    def _at_least_one(cls, v: int | None, info: Any) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"must be >= 1 (got {v})")
-        if v is not None and info.field_name.endswith("_len") and v > MAX_TOKENS:
-            # the whole request list is built in memory up front: lengths are bounded
-            raise ValueError(f"must be at most {MAX_TOKENS:,} tokens (got {v:,})")
-        return v
-
-    @field_validator("prefix_len", "warmup_requests")
-    @classmethod
-    def _not_negative(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"must be >= 0 (got {v})")
-        if v > MAX_TOKENS:
-            raise ValueError(f"must be at most {MAX_TOKENS:,} (got {v:,})")
-        return v
-
-    @field_validator("lognormal_sigma", "duration_s", "request_rate", "request_timeout_s")
-    @classmethod
-    def _positive(cls, v: float | None, info: Any) -> float | None:
-        if v is not None and not v > 0:
-            raise ValueError(f"must be > 0 (got {v:g})")
-        if v is not None and info.field_name.endswith("_s") and v > MAX_DURATION_S:
-            raise ValueError(f"must be at most {MAX_DURATION_S:g} s (7 days) (got {v:g})")
-        return v
-
-    @field_validator("range_ratio", "max_error_rate")
-    @classmethod
-    def _fraction(cls, v: float) -> float:
-        if not 0 <= v <= 1:
-            raise ValueError(f"must be in [0, 1] (got {v:g})")
-        return v
-
-    @field_validator("dataset")
-    @classmethod
-    def _dataset(cls, v: str | None, info: Any) -> str | None:
-        # `info` is pydantic's ValidationInfo: the fields validated so far (kind comes first)
-        kind = info.data.get("kind")
-        if kind in ("sharegpt", "jsonl") and not v:
-            raise ValueError(f"a {kind} workload needs a dataset file")
-        return v
-
-    @model_validator(mode="after")
-    def _bounded(self) -> WorkloadSection:
-        if self.num_requests is None and self.duration_s is None:
-            raise ValueError("give duration_s, num_requests or both")
-        return self
 
 
 class SLOSection(Model):
@@ -298,15 +199,15 @@ class ObjectiveSection(Model):
 class BudgetSection(Model):
     """How much to spend: trials count across resumes; timeout is per `tuner tune` run."""
 
-    n_trials: int = Field(20, ge=1)
+    n_trials: int = Field(20, ge=1, le=MAX_TRIALS)
     timeout: Duration | None = None  # wall clock for one `tuner tune` run: 8h, 90m, 3600
     trial_timeout: Duration = 3600  # one trial end to end (restart + load)
-    confirm_top: int = Field(3, ge=0)
-    confirm_repeats: int = Field(2, ge=1)
+    confirm_top: int = Field(3, ge=0, le=100)
+    confirm_repeats: int = Field(2, ge=1, le=20)  # each is a restart and a load run
     confirm_extra: int = Field(2, ge=0, le=10)  # rounds re-running winner and runner-up in noise
-    infra_retries: int = Field(2, ge=0)
+    infra_retries: int = Field(2, ge=0, le=20)
     #: this many trials in a row failing for the world's reasons stop the study (exit 1)
-    max_consecutive_infra_failures: int = Field(3, ge=1)
+    max_consecutive_infra_failures: int = Field(3, ge=1, le=100)
     #: after a new server measures, try this many neighbouring concurrencies on it (no restart):
     #: up by 1.5x while the SLOs hold, down by 1.5x when they are missed
     concurrency_probes: int = Field(1, ge=0, le=4)
@@ -323,7 +224,7 @@ class SamplerSection(Model):
     seed: int = Field(0, ge=0, le=2**32 - 1)  # numpy's seed range (optuna's samplers use it)
     #: random trials before TPE models: 4, measured (bench_search, inner search on): at 10
     #: restarts the Kimi case's median rose .898 -> .945 against 8, the others moved < 0.01
-    n_startup_trials: int = Field(4, ge=0)
+    n_startup_trials: int = Field(4, ge=0, le=MAX_TRIALS)
     #: grid: points taken on a range without a step (on the log scale for `log: true`)
     grid_points: int = Field(8, ge=2, le=1000)
 
@@ -332,9 +233,10 @@ class HardwareSection(Model):
     """Facts for the pre-check that rejects certainly-infeasible configs without a restart."""
 
     model_config_path: str | None = Field(None, alias="model_config")  # path or shipped name
-    gpu_mem_mib: float | None = Field(None, gt=0)
-    host_ram_gb: float | None = Field(None, gt=0)
-    weights_gib: float | None = Field(None, ge=0)
+    # bounds far above any machine (16 TiB per GPU, 1 PB of RAM) keep the arithmetic finite
+    gpu_mem_mib: float | None = Field(None, gt=0, le=16 << 20)
+    host_ram_gb: float | None = Field(None, gt=0, le=1e6)
+    weights_gib: float | None = Field(None, ge=0, le=1e6)
 
     @field_validator("model_config_path")
     @classmethod
@@ -361,7 +263,7 @@ class StudyConfig(Model):
     budget: BudgetSection = BudgetSection()
     sampler: SamplerSection = SamplerSection()
     hardware: HardwareSection = HardwareSection()
-    storage: str | None = None
+    storage: str | None = Field(None, min_length=1)  # an optuna storage URL; None = SQLite
     notify: NotifySection | None = None  # not in the fingerprint: it changes no measurement
     source: str = Field("", exclude=True)  # the file it came from (not part of the fingerprint)
 
@@ -414,9 +316,16 @@ class StudyConfig(Model):
                 raise ValueError(
                     f"server: {name}: is also searched under space: keep it in one place"
                 )
-            for dep in spec.when or {}:
+            for dep, cond in (spec.when or {}).items():
                 if dep not in self.space:
                     raise ValueError(f"space: {name}.when: {dep} is not a searched parameter")
+                if dep in CLIENT_PARAMS and name not in CLIENT_PARAMS:
+                    raise ValueError(
+                        f"space: {name}.when: a server flag cannot depend on the client's {dep} "
+                        "(the server starts before the load is chosen)"
+                    )
+                if problem := _condition_problem(cond, self.space[dep]):
+                    raise ValueError(f"space: {name}.when.{dep}: {problem}")
         for name in self.baseline or {}:
             if name not in self.space:
                 raise ValueError(f"baseline: {name} is not a searched parameter")
@@ -431,6 +340,32 @@ class StudyConfig(Model):
                     f"({window_ms:g} ms): a longer wait cannot be observed in the run"
                 )
         return self
+
+
+def _condition_problem(cond: Any, dep: ParamSpec) -> str | None:
+    """Why a `when:` condition can never hold for the values `dep` takes (None if it can)."""
+    kind = dep.kind
+    if isinstance(cond, dict):
+        if kind in ("categorical", "bool") and not all(
+            isinstance(c, int | float) and not isinstance(c, bool) for c in dep.choices or []
+        ):
+            return "a comparison needs a numeric parameter"
+        return None
+    values = cond if isinstance(cond, list) else [cond]
+    if kind == "bool":
+        possible = [False, True]
+    elif kind == "categorical":
+        possible = list(dep.choices or [])
+    else:
+        assert dep.low is not None and dep.high is not None  # a range
+        bad = [
+            v
+            for v in values
+            if isinstance(v, bool) or not isinstance(v, int | float) or not dep.low <= v <= dep.high
+        ]
+        return f"{bad[0]!r} is outside [{dep.low:g}, {dep.high:g}]" if bad else None
+    bad = [v for v in values if not any(v == p and type(v) is type(p) for p in possible)]
+    return f"{bad[0]!r} is not one of {possible}" if bad else None
 
 
 def _one_name_per_flag(server: dict[str, Any], space: dict[str, Any]) -> None:
@@ -476,7 +411,7 @@ def _render(err: dict[str, Any]) -> tuple[str, str]:
     if not loc and ": " in msg and msg.split(": ", 1)[0] in StudyConfig.model_fields:
         section, msg = msg.split(": ", 1)
         loc = [section]
-    flag = re.match(r"^([a-z][a-z0-9-]*(?:\.[a-z_]+)?): (.*)$", msg)
+    flag = re.match(r"^([a-z][a-z0-9-]*(?:\.[a-z_][a-z0-9_-]*)*): (.*)$", msg)
     if loc in (["server"], ["space"], ["baseline"]) and flag:
         # a flag's own message ("hicache-size: ...") names it as part of the key path
         return f"{loc[0]}.{flag.group(1)}", flag.group(2)
@@ -490,6 +425,9 @@ def parse_schema(data: Any, source: str = "<study>") -> StudyConfig:
         raise ConfigError(
             "expected a mapping at the top level (study:, server:, space:, ...)", file=source
         )
+    if found := number_problem(data):
+        path, msg = found
+        raise ConfigError(msg, file=source, key=".".join(path) or None)
     try:
         return StudyConfig.model_validate({**data, "source": source})
     except ValidationError as exc:

@@ -27,6 +27,19 @@ here: `lifecycle.py` returns it as a classified outcome, and the study records i
 
 from __future__ import annotations
 
+import unicodedata
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of plain text: control characters (a newline, an ANSI escape, a line
+    separator) in a key or value the user wrote are shown escaped, never acted on."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Zl", "Zp", "Cf") and ch != "\u200d"
+        else ch
+        for ch in text
+    )
+
 
 class TunerError(Exception):
     """A mistake the user can fix; its message is the single line the CLI prints."""

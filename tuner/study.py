@@ -7,6 +7,7 @@ the loop in tuning.py, the queries over its trials in results.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -18,8 +19,8 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, StudyMismatchError
-from tuner.innertrial import sampled_space
-from tuner.space import distributions, fingerprint
+from tuner.samplerspace import grid, require_packages
+from tuner.space import fingerprint
 from tuner.yamlfile import special_file
 
 HEARTBEAT_S = 30
@@ -28,6 +29,9 @@ FINGERPRINT_ATTR = "tuner:fingerprint"
 #: a database server that does not answer within this fails the command (libpq waits forever)
 CONNECT_TIMEOUT_S = 10
 SQLITE_MAGIC = b"SQLite format 3\x00"
+#: a table every optuna schema has, and a column of it: a SQLite file with tables but not
+#: this one is not a study (optuna would add its tables beside the stranger's, then fail)
+OPTUNA_TABLE, OPTUNA_COLUMN = "studies", "study_name"
 _NOT_REPLACED = "tuner never replaces it: move it away to start afresh, or restore it"
 
 
@@ -108,6 +112,11 @@ def check_sqlite_file(path: Path, *, key: str, file: str | None = None) -> None:
             raise bad(f"{path} is empty (0 bytes), not a study database; {_NOT_REPLACED}")
         if head != SQLITE_MAGIC:
             raise bad(f"{path} is not a SQLite database (damaged?); {_NOT_REPLACED}")
+        if tables := _foreign_tables(path):
+            raise bad(
+                f"{path} is a SQLite database of something else (tables {', '.join(tables)}), "
+                f"not an optuna study; {_NOT_REPLACED}"
+            )
         return
     existing = path.parent
     while not existing.exists() and existing != existing.parent:
@@ -116,6 +125,21 @@ def check_sqlite_file(path: Path, *, key: str, file: str | None = None) -> None:
         raise bad(f"{existing} is not a directory (the study's folder goes under it)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise bad(f"cannot create {path.parent}: {existing} is not writable")
+
+
+def _foreign_tables(path: Path) -> list[str]:
+    """The first tables of a SQLite file that holds tables but not optuna's (none when it is
+    optuna's, new, or unreadable: the storage then says why). Opened read-only: optuna would
+    add its tables beside a stranger's."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            columns = {r[1] for r in db.execute(f"PRAGMA table_info({OPTUNA_TABLE})")}
+    except sqlite3.Error:
+        return []
+    return [] if not names or OPTUNA_COLUMN in columns else sorted(names)[:3]
 
 
 def storage_error(url: str, exc: Exception) -> ConfigError:
@@ -133,6 +157,23 @@ def storage_error(url: str, exc: Exception) -> ConfigError:
 
 def study_dir(cfg: StudyConfig, runs_dir: Path) -> Path:
     return runs_dir / cfg.study
+
+
+#: what tuner keeps in runs/<study>/: folders, and files it writes at the end of a night
+STUDY_FOLDERS, STUDY_FILES = ("trials", "locks"), ("best.yaml",)
+
+
+def check_study_dir(out_dir: Path) -> None:
+    """Refuse, before anything is written, a runs/<study>/ whose folders are files (or whose
+    best.yaml is a folder): the night would fail at its first trial, or at its very end."""
+    for name, want_dir in [*((n, True) for n in STUDY_FOLDERS), *((n, False) for n in STUDY_FILES)]:
+        path = out_dir / name
+        if path.exists() and path.is_dir() != want_dir:
+            what, kind = ("a file", "folder") if want_dir else ("a folder", "file")
+            raise ConfigError(
+                f"{path} is {what} where tuner keeps its {name} {kind}: move it away",
+                key="--runs-dir",
+            )
 
 
 def storage_url(cfg: StudyConfig, runs_dir: Path, override: str | None = None) -> str:
@@ -199,13 +240,14 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
 
     try:
         return create()
-    except sqlalchemy.exc.SQLAlchemyError as exc:
-        raise storage_error(url, exc) from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+        raise storage_error(url, exc.__cause__ or exc) from None
 
 
 def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
     s = cfg.sampler
     seed = s.seed if seed is None else seed
+    require_packages(cfg)
     if s.name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=s.n_startup_trials, multivariate=True, constant_liar=True
@@ -213,61 +255,12 @@ def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s.name == "qmc":
-        _require("scipy", "qmc")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.QMCSampler(seed=seed, scramble=True)
     if s.name == "gp":
-        _require("scipy", "gp")
-        _require("torch", "gp")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=s.n_startup_trials)
-    return optuna.samplers.GridSampler(_grid(cfg), seed=seed)
-
-
-def _require(module: str, sampler: str) -> None:
-    """Optional samplers need optional packages: say which, in one line, before anything runs."""
-    try:
-        __import__(module)
-    except ImportError:
-        raise ConfigError(
-            f"sampler {sampler} needs the {module} package (pip install {module})",
-            key="sampler.name",
-        ) from None
-
-
-def _grid(cfg: StudyConfig) -> dict[str, list[Any]]:
-    """Every searched parameter's grid: its choices, its steps, or `sampler.grid_points` points
-    spread over the range (on the log scale for a log range, e.g. a log-spaced concurrency)."""
-    grid: dict[str, list[Any]] = {}
-    for name, dist in distributions(sampled_space(cfg)).items():
-        if isinstance(dist, optuna.distributions.CategoricalDistribution):
-            grid[name] = list(dist.choices)
-        elif getattr(dist, "step", None) and not getattr(dist, "log", False):
-            n = round((dist.high - dist.low) / dist.step)
-            grid[name] = [type(dist.low)(round(dist.low + i * dist.step, 10)) for i in range(n + 1)]
-        else:
-            integer = isinstance(dist, optuna.distributions.IntDistribution)
-            grid[name] = range_points(
-                dist.low, dist.high, cfg.sampler.grid_points, log=dist.log, integer=integer
-            )
-    return grid
-
-
-def range_points(
-    low: float, high: float, n: int, *, log: bool = False, integer: bool = False
-) -> list[Any]:
-    """`n` points from `low` to `high` (both included), evenly spaced on the log scale when
-    `log`; integers are rounded and repeats dropped (a narrow int range gives fewer points)."""
-    if n < 2 or low >= high:
-        return [int(low) if integer else low]
-    if log:
-        raw = [low * (high / low) ** (i / (n - 1)) for i in range(n)]
-    else:
-        raw = [low + (high - low) * i / (n - 1) for i in range(n)]
-    raw[0], raw[-1] = low, high  # exact ends: optuna checks the grid against the range
-    if integer:
-        return sorted({round(x) for x in raw})
-    return [round(x, 10) for x in raw]
+    return optuna.samplers.GridSampler(grid(cfg), seed=seed)
 
 
 def directions(cfg: StudyConfig) -> list[str]:

@@ -29,6 +29,7 @@ from tuner.container import target_problem
 from tuner.errors import ConfigError, TunerError
 from tuner.innertrial import mode_problem
 from tuner.precheck import hicache_ram_problem, parallel_sizes
+from tuner.samplerspace import sampler_problem
 from tuner.sglang.flags import KNOWN_VERSIONS, canonical_flag, flags_for
 from tuner.sglang.tables import STORE_TRUE, Flag
 from tuner.space import ordered
@@ -84,6 +85,8 @@ def check_study(cfg: StudyConfig) -> None:
         _raise_if(cfg, f"baseline.{name}", _baseline_problem(value, cfg.space[name]))
     if (inner := mode_problem(cfg)) is not None:
         _raise_if(cfg, *inner)
+    if (sampler := sampler_problem(cfg)) is not None:
+        _raise_if(cfg, *sampler)
     _check_workload(cfg)
     _check_host_ram(cfg)
     if cfg.target.container is not None:
@@ -235,6 +238,7 @@ def _space_problem(name: str, spec: ParamSpec, table: Mapping[str, Flag]) -> str
                 isinstance(v, bool)
                 or not isinstance(v, int | float)
                 or not 1 <= v <= MAX_CONCURRENCY
+                or (spec.kind == "categorical" and not isinstance(v, int))
             ):
                 return f"expected whole numbers in 1..{MAX_CONCURRENCY:,}, got {v!r}"
         return None
@@ -365,15 +369,19 @@ def _check_workload(cfg: StudyConfig) -> None:
     n = request_pool(cfg)
     if w.kind == "random":
         key, longest = "workload.input_len", w.input_len * stretch
-        total = n * longest
+        total, list_key = n * longest, key
     elif w.kind == "shared-prefix":
         key, longest = "workload.prefix_len", w.prefix_len + w.question_len
-        total = w.num_groups * w.prompts_per_group * longest
+        n = w.num_groups * w.prompts_per_group
+        total = n * longest
+        # the list's size is the groups' count as much as the lengths: name the larger factor
+        list_key = key if longest >= n else "workload.num_groups"
     else:  # multi-turn: each turn carries the whole conversation so far
         key = "workload.turns"
         first, grow = w.input_len * stretch, out + w.question_len
         longest = first + (w.turns - 1) * grow
         total = math.ceil(n / w.turns) * (w.turns * first + grow * w.turns * (w.turns - 1) // 2)
+        list_key = key
     context, source = _context_len(cfg)
     if longest + out > context:
         raise ConfigError(
@@ -386,7 +394,7 @@ def _check_workload(cfg: StudyConfig) -> None:
         raise ConfigError(
             f"the request list would hold {total:,} prompt tokens ({n:,} requests), more than "
             f"the {MAX_POOL_TOKENS:,} tuner builds in memory: lower the lengths or "
-            "workload.num_requests",
+            "the number of requests",
             file=cfg.source,
-            key=key,
+            key=list_key,
         )

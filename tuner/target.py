@@ -51,13 +51,13 @@ def http_hostname(target: TargetSection) -> str:
     return _resolve(SSHOptions.from_section(target.http_host, section)).hostname
 
 
-def env_secret(name: str | None, key: str) -> str | None:
+def env_secret(name: str | None, key: str, file: str | None = None) -> str | None:
     """A secret read from the environment variable the study file names (never from the file)."""
     if not name:
         return None
     value = os.environ.get(name)
     if value is None:
-        raise ConfigError(f"environment variable {name} is not set", key=key)
+        raise ConfigError(f"environment variable {name} is not set", file=file, key=key)
     return value
 
 

@@ -21,6 +21,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            # `? [a, b]: 1`: no key of a study is a list or a mapping
+            raise yaml.constructor.ConstructorError(
+                None, None, "expected a plain key, not a list or mapping", key_node.start_mark
+            )
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -30,7 +35,17 @@ def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool =
     return loader.construct_mapping(node, deep=deep)
 
 
+def _int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    except ValueError:  # Python refuses to parse an integer of more than 4300 digits
+        raise yaml.constructor.ConstructorError(
+            None, None, "integer too long", node.start_mark
+        ) from None
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
 #: a study file is a few KB; a file this large is the wrong file (PyYAML parses ~5 MB/s)
 MAX_YAML_BYTES = 1 << 20

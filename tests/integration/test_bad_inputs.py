@@ -398,8 +398,12 @@ def cases() -> list[Case]:
     )
 
     def circular(d: dict[str, Any]) -> None:
-        d["space"]["mem-fraction-static"]["when"] = {"concurrency": {"gt": 1}}
-        d["space"]["concurrency"]["when"] = {"mem-fraction-static": {"gt": 0.5}}
+        # two server flags (a server flag may not depend on the client's concurrency at all)
+        d["space"]["mem-fraction-static"]["when"] = {"chunked-prefill-size": {"gt": 1}}
+        d["space"]["chunked-prefill-size"] = {
+            "choices": [4096, 8192],
+            "when": {"mem-fraction-static": {"gt": 0.5}},
+        }
         d.pop("baseline")
 
     add(
@@ -1059,6 +1063,136 @@ def cases() -> list[Case]:
             "devzero-bench-dataset",
             ["bench", *url, "--concurrency", "1", "--workload", "jsonl", "--dataset", "/dev/zero"],
             ("/dev/zero", "not a regular file"),
+        )
+    )
+    # --- found by fuzzing the study file: each was a traceback or a run started on nonsense ---
+    huge = 10**400  # no float holds it: arithmetic on it overflows
+    add(study_case("timeout-list", "budget.timeout", [1, 2], "budget.timeout", "duration"))
+    add(study_case("timeout-date", "budget.timeout", datetime.date(2026, 1, 1), "budget.timeout"))
+    add(study_case("timeout-arabic-digits", "budget.timeout", "\u0663\u0660m", "budget.timeout"))
+    add(study_case("trial-timeout-huge", "budget.trial_timeout", huge, "budget.trial_timeout"))
+    add(study_case("baseline-huge", "baseline.concurrency", huge, "baseline.concurrency", "2**53"))
+    add(study_case("port-huge", "target.port", huge, "target.port"))
+    add(study_case("hicache-huge", "server.hicache-size", huge, "server.hicache-size"))
+    add(study_case("confirm-repeats-big", "budget.confirm_repeats", 10**6, "confirm_repeats"))
+    add(study_case("n-trials-huge", "budget.n_trials", 2**53, "budget.n_trials"))
+    add(study_case("warmup-huge", "workload.warmup_requests", 10**6, "warmup_requests"))
+    add(study_case("gpu-mem-1e308", "hardware.gpu_mem_mib", 1e308, "hardware.gpu_mem_mib"))
+    add(study_case("weights-1e308", "hardware.weights_gib", 1e308, "hardware.weights_gib"))
+    add(study_case("storage-empty", "storage", "", "storage"))
+    tiny_step = {"low": 0.8, "high": 0.9, "step": 1e-300}
+    add(study_case("step-tiny", MFS, tiny_step, MFS, "points"))
+    on_conc = {"low": 0.8, "high": 0.9, "when": {"concurrency": {"gt": 10}}}
+    add(study_case("when-on-concurrency", MFS, on_conc, f"{MFS}.when", "client"))
+    never = {"type": "bool", "when": {"mem-fraction-static": "high"}}
+    add(study_case("when-never-holds", "space.enable-mixed-chunk", never, "when", "outside"))
+    add(study_case("choices-with-step", CONC, {"choices": [8, 16], "step": 2}, CONC, "step"))
+    add(study_case("concurrency-fraction", CONC, {"choices": [1.5, 3]}, CONC, "whole"))
+
+    def lognormal(data: dict[str, Any]) -> None:
+        data["workload"].update(length_dist="lognormal", lognormal_sigma=1e308)
+
+    add(
+        Case(
+            "sigma-1e308",
+            ["status", "s.yaml"],
+            ("s.yaml", "lognormal_sigma"),
+            write_study(lognormal),
+            False,
+        )
+    )
+
+    def big_grid(data: dict[str, Any]) -> None:
+        data["sampler"].update(name="grid", grid_points=1000)
+        data["space"].update(
+            {
+                "chunked-prefill-size": {"low": 1024, "high": 16384},
+                "max-running-requests": {"low": 8, "high": 1024},
+                "schedule-conservativeness": {"low": 0.1, "high": 2.0},
+            }
+        )
+
+    add(
+        Case(
+            "grid-huge",
+            ["status", "s.yaml"],
+            ("s.yaml", "sampler.grid_points", "100,000"),
+            write_study(big_grid),
+            False,
+        )
+    )
+
+    def many_groups(data: dict[str, Any]) -> None:
+        data["workload"].update(kind="shared-prefix", num_groups=10**7)
+
+    add(
+        Case(
+            "groups-huge",
+            ["status", "s.yaml"],
+            ("s.yaml", "workload.num_groups"),
+            write_study(many_groups),
+            False,
+        )
+    )
+    add(study_case("key-with-escapes", "workload/a\nb\x1b[31m", 1, "a\\nb\\x1b[31m", "unknown key"))
+    add(
+        Case(
+            "yaml-complex-key",
+            ["tune", "s.yaml"],
+            ("s.yaml:1:", "plain key"),
+            raw_file(b"? [a, b]\n: 1\n"),
+        )
+    )
+    long_int = b"study: 1" + b"1" * 5000 + b"\n"
+    add(
+        Case(
+            "yaml-int-5000-digits",
+            ["tune", "s.yaml"],
+            ("s.yaml:1:", "too long"),
+            raw_file(long_int),
+        )
+    )
+
+    def foreign_db(cwd: Path, data: dict[str, Any]) -> None:
+        import sqlite3
+
+        (cwd / "runs" / "bad").mkdir(parents=True)
+        with contextlib.closing(sqlite3.connect(cwd / "runs" / "bad" / "study.db")) as db:
+            db.execute("CREATE TABLE studies (x INT)")
+            db.commit()
+
+    add(
+        Case(
+            "study-db-foreign",
+            ["tune", "s.yaml"],
+            ("study.db", "not an optuna study"),
+            both(S, foreign_db),
+        )
+    )
+    add(
+        Case(
+            "trials-is-a-file",
+            ["tune", "s.yaml"],
+            ("trials", "--runs-dir"),
+            both(S, touch("runs/bad/trials")),
+        )
+    )
+    add(
+        Case(
+            "best-is-a-folder",
+            ["tune", "s.yaml"],
+            ("best.yaml", "folder"),
+            both(S, mkdir("runs/bad/best.yaml")),
+        )
+    )
+    unset = {"TUNER_TEST_NO_SUCH_KEY": ""}
+    add(
+        Case(
+            "api-key-env-unset",
+            ["tune", "s.yaml"],
+            ("s.yaml", "target.api_key_env", "NO_SUCH_KEY_VAR"),
+            write_study(put("target.api_key_env", "NO_SUCH_KEY_VAR")),
+            env=unset,
         )
     )
     add(Case("no-command", [], ("COMMAND",)))

@@ -313,3 +313,14 @@ def test_tune_refuses_a_flag_the_host_lacks(tmp_path: Path) -> None:
     out = tuner("tune", str(study), "--runs-dir", str(runs), timeout=120)
     assert_refused(out, 2, "flags", runs)
     assert "stream-output" in out.stderr
+
+
+def test_a_garbage_dataset_fails_check_as_it_fails_tune(tmp_path: Path) -> None:
+    """`check` reads the workload's dataset as `tune` does: a file `tune` refuses is a FAIL."""
+    data = tmp_path / "requests.jsonl"
+    data.write_text("not json\n")
+    study = edit(
+        study_file(tmp_path, "check-dataset"), workload={"kind": "jsonl", "dataset": str(data)}
+    )
+    failed = only_fail(run_checks(study))
+    assert failed.name == "study" and f"{data}:1" in failed.detail and "JSON" in failed.detail

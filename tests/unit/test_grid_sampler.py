@@ -9,8 +9,10 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
+from tuner.samplerspace import grid as _grid
+from tuner.samplerspace import range_points
 from tuner.space import sample
-from tuner.study import _grid, make_sampler, range_points
+from tuner.study import make_sampler
 from tuner.studyfile import parse_study
 
 STUDY = {

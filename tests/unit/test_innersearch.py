@@ -21,10 +21,10 @@ from tuner.innersearch import Bounds, Point, search, start_at
 from tuner.innertrial import bounds
 from tuner.launch import build_launch
 from tuner.runner import score_load
+from tuner.samplerspace import range_points
 from tuner.sim.virtual_server import VirtualServer
 from tuner.sim.virtual_study import VirtualLoad
 from tuner.space import server_flags
-from tuner.study import range_points
 from tuner.studyfile import parse_study
 from tuner.target import Launch
 from tuner.trial import measured_outcome, objective_values

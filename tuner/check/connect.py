@@ -35,7 +35,13 @@ def study_file(path: str | Path) -> tuple[CheckLine, StudyConfig | None]:
     variable. A mistake is one FAIL line (the same line `tune` prints)."""
     try:
         cfg = load_study(path)
-        env_secret(cfg.target.api_key_env, "target.api_key_env")
+        env_secret(cfg.target.api_key_env, "target.api_key_env", cfg.source)
+        if cfg.workload.dataset:
+            # the dataset is read as `tune` reads it: a garbage file fails here, not at night
+            from tuner.studycheck import request_pool
+            from tuner.workload import requests_for
+
+            requests_for(cfg.workload, num_requests=request_pool(cfg))
     except TunerError as exc:
         return fail("study", str(exc), type(exc)), None
     n = len([k for k in cfg.space])

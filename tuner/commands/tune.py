@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tuner.commands.common import add_study_args, load
-from tuner.config import parse_duration
+from tuner.config import MAX_TRIALS, parse_duration
 from tuner.errors import ConfigError
 
 
@@ -111,8 +111,10 @@ def interrupts() -> Iterator[None]:
 
 
 def _budget(args: argparse.Namespace, cfg: Any) -> tuple[int, float | None]:
-    if args.n_trials is not None and args.n_trials < 1:
-        raise ConfigError(f"must be at least 1, got {args.n_trials}", key="--n-trials")
+    if args.n_trials is not None and not 1 <= args.n_trials <= MAX_TRIALS:
+        raise ConfigError(
+            f"expected 1..{MAX_TRIALS:,} trials, got {args.n_trials}", key="--n-trials"
+        )
     try:
         timeout = parse_duration(args.timeout) if args.timeout else cfg.budget.timeout
     except ValueError as exc:
