@@ -324,3 +324,12 @@ def test_a_garbage_dataset_fails_check_as_it_fails_tune(tmp_path: Path) -> None:
     )
     failed = only_fail(run_checks(study))
     assert failed.name == "study" and f"{data}:1" in failed.detail and "JSON" in failed.detail
+
+
+def test_a_storage_url_tune_refuses_fails_check(tmp_path: Path) -> None:
+    study = study_file(tmp_path, "check-storage")
+    data = yaml.safe_load(study.read_text())
+    data["storage"] = "nonsense://x"
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    failed = only_fail(run_checks(study))
+    assert failed.name == "study" and "storage" in failed.detail and "nonsense" in failed.detail

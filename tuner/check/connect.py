@@ -36,6 +36,10 @@ def study_file(path: str | Path) -> tuple[CheckLine, StudyConfig | None]:
     try:
         cfg = load_study(path)
         env_secret(cfg.target.api_key_env, "target.api_key_env", cfg.source)
+        if cfg.storage:
+            from tuner.study import check_url
+
+            check_url(cfg.storage, file=cfg.source, key="storage")
         if cfg.workload.dataset:
             # the dataset is read as `tune` reads it: a garbage file fails here, not at night
             from tuner.studycheck import request_pool
