@@ -887,6 +887,8 @@ def cases() -> list[Case]:
         ("cap-mfs-above", [*cap, "--mfs", "1.5"], "--mfs"),
         ("cap-mfs-nan", [*cap, "--mfs", "nan"], "--mfs"),
         ("cap-gpu-inf", [*cap, "--gpu-mem-mib", "inf"], "--gpu-mem-mib"),
+        ("cap-gpu-1e308", [*cap, "--gpu-mem-mib", "1e308"], "--gpu-mem-mib"),
+        ("cap-tp-huge", [*cap, "--tp", "9" * 400], "--tp"),
         ("cap-hicache-frac", [*cap, "--hicache-size", "1.5"], "--hicache-size"),
         ("cap-model-latin1", ["capacity", "--model-config", "m.json"], "m.json"),
         ("cap-model-list", ["capacity", "--model-config", "l.json"], "l.json"),

@@ -18,6 +18,12 @@ EPILOG = """example (the motivating case):
 """
 
 
+#: TP, DP and page sizes beyond this are typos (and the KV arithmetic would overflow)
+MAX_PARALLEL = 4096
+#: MiB, GB or GiB: any figure beyond this is beyond any machine
+MAX_SIZE = 1e8
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     # fmt: off
     p = sub.add_parser(
@@ -69,8 +75,14 @@ def _check(args: argparse.Namespace) -> None:
             if value is not None and not math.isfinite(value):
                 bad("--" + name.replace("_", "-"), f"must be a finite number, got {value}")
     for flag, value in (("--tp", args.tp), ("--dp", args.dp), ("--page-size", args.page_size)):
-        if value < 1:
-            bad(flag, f"must be a positive integer, got {value}")
+        if not 1 <= value <= MAX_PARALLEL:
+            bad(flag, f"must be an integer in 1..{MAX_PARALLEL:,}, got {value}")
+    for name in ("gpu_mem_mib", "host_ram_gb", "weights_gib", "observed_kv_gb", "hicache_size"):
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and value > MAX_SIZE:
+                # far beyond any machine: a typo, and its arithmetic would overflow
+                bad("--" + name.replace("_", "-"), f"must be at most {MAX_SIZE:g}, got {value:g}")
     for flag, value in (
         ("--gpu-mem-mib", args.gpu_mem_mib),
         ("--host-ram-gb", args.host_ram_gb),
