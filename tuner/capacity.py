@@ -53,10 +53,19 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return config
 
 
-def _field(cfg: Mapping[str, Any], name: str) -> int:
+#: no model's layer count, head count or width comes near this; beyond it a field is garbage
+MAX_MODEL_FIELD = 2**31
+
+
+def _field(cfg: Mapping[str, Any], name: str, default: int | None = None) -> int:
+    """A positive integer field; `default` when the field is absent or null (HF's convention
+    for num_key_value_heads and head_dim)."""
     value = cfg.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelConfigError(f"{name}: expected a positive integer, got {value!r}")
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_MODEL_FIELD:
+        shown = value if not isinstance(value, int) or abs(value) < 10**12 else "a huge number"
+        raise ModelConfigError(f"{name}: expected a positive integer, got {shown!r}")
     return value
 
 
@@ -68,7 +77,7 @@ def kv_dtype_bytes(config: Mapping[str, Any], kv_dtype: str = "auto") -> float:
         return KV_DTYPE_BYTES[kv_dtype]
     cfg = text_config(config)
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16"
-    if dtype not in _MODEL_DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in _MODEL_DTYPE_BYTES:
         raise ModelConfigError(f"torch_dtype: unsupported model dtype {dtype!r}")
     return _MODEL_DTYPE_BYTES[dtype]
 
@@ -90,9 +99,12 @@ def kv_layout(config: Mapping[str, Any], tp: int = 1, kv_dtype: str = "auto") ->
         detail = f"MLA: ({lora} + {rope}) x {layers} layers x {dbytes:g} B, same on every TP rank"
         return KVLayout("mla", layers, dbytes, bpt, detail)
     heads = _field(cfg, "num_attention_heads")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size") // heads
-    per_rank = max(1, int(kv_heads) // tp)
+    kv_heads = _field(cfg, "num_key_value_heads", default=heads)
+    if cfg.get("head_dim") is None:
+        head_dim = max(1, _field(cfg, "hidden_size") // heads)
+    else:
+        head_dim = _field(cfg, "head_dim")
+    per_rank = max(1, kv_heads // tp)
     bpt = int(per_rank * head_dim * layers * 2 * dbytes)
     detail = (
         f"MHA/GQA: max(1, {kv_heads} kv heads // tp {tp}) = {per_rank} x {head_dim} head_dim"

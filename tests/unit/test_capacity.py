@@ -52,6 +52,35 @@ def test_missing_field_is_named() -> None:
         cap.kv_layout({"hidden_size": 10}, 1)
 
 
+LLAMA_8B = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+}
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"num_key_value_heads": 0}, "num_key_value_heads"),
+        ({"head_dim": 0}, "head_dim"),
+        ({"num_hidden_layers": 10**30}, "num_hidden_layers"),
+        ({"torch_dtype": ["bfloat16"]}, "torch_dtype"),
+    ],
+)
+def test_garbage_model_fields_are_named(patch: dict, field: str) -> None:
+    """Found by fuzzing: these printed a pool from nonsense (or a traceback, for the list)."""
+    with pytest.raises(ModelConfigError, match=field):
+        cap.kv_layout({**LLAMA_8B, **patch}, 1)
+
+
+def test_null_kv_heads_and_head_dim_take_hfs_defaults() -> None:
+    plain = cap.kv_layout(LLAMA_8B, 1).bytes_per_token
+    nulls = {**LLAMA_8B, "num_key_value_heads": None, "head_dim": None}
+    assert cap.kv_layout(nulls, 1).bytes_per_token == plain * 4  # kv heads = 32 heads
+
+
 @pytest.mark.parametrize(
     ("gpu_mib", "tp", "expected"),
     [(81_559, 1, 0.835), (81_559, 8, 0.818), (143_771, 1, 0.907), (143_771, 8, 0.897)],
