@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.config import WorkloadSection
+from tuner.config import MAX_TOKENS, WorkloadSection
 from tuner.errors import InputFileError
 from tuner.yamlfile import special_file
 
@@ -158,6 +158,10 @@ def _multi_turn(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]
     ]
 
 
+#: ShareGPT's V3 file is 0.7 GB; a dataset is read whole before the first request
+MAX_DATASET_BYTES = 2 << 30
+
+
 def _words(text: str) -> int:
     return len(text.split())
 
@@ -167,6 +171,15 @@ def _read_records(path: str) -> list[tuple[int | None, Any]]:
     p = Path(path)
     if problem := special_file(p):  # a FIFO blocks forever, /dev/zero never ends
         raise InputFileError(path, problem)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise InputFileError(path, f"cannot read: {exc.strerror or exc}") from None
+    if size > MAX_DATASET_BYTES:
+        # read whole, its records as Python objects take ~5x the file: the machine would swap
+        raise InputFileError(
+            path, f"{size / 2**30:.1f} GiB: at most {MAX_DATASET_BYTES >> 30} GiB; take a sample"
+        )
     try:
         raw = p.read_text(encoding="utf-8")
     except OSError as exc:
@@ -178,6 +191,8 @@ def _read_records(path: str) -> list[tuple[int | None, Any]]:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise InputFileError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
+        except RecursionError:  # json nests by recursion: [[[[...]]]] a million deep
+            raise InputFileError(path, "invalid JSON: nested too deeply") from None
         if not isinstance(data, list) or not data:
             raise InputFileError(path, "expected a non-empty JSON array of records")
         return [(None, obj) for obj in data]
@@ -189,6 +204,8 @@ def _read_records(path: str) -> list[tuple[int | None, Any]]:
             out.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise InputFileError(path, f"invalid JSON: {exc.msg}", line=n) from None
+        except RecursionError:
+            raise InputFileError(path, "invalid JSON: nested too deeply", line=n) from None
     if not out:
         raise InputFileError(path, "no records")
     return out
@@ -244,10 +261,16 @@ def _jsonl(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]:
     for recno, (line, rec) in enumerate(_read_records(path), start=1):
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
             raise _bad(path, line, recno, "record lacks a string 'prompt'")
+        if not rec["prompt"].strip():
+            raise _bad(path, line, recno, "'prompt' is empty")
         n_out = rec.get("max_tokens", w.dataset_output_len or w.output_len)
-        if isinstance(n_out, bool) or not isinstance(n_out, int) or n_out < 1:
+        if isinstance(n_out, bool) or not isinstance(n_out, int) or not 1 <= n_out <= MAX_TOKENS:
+            shown = n_out if not isinstance(n_out, int) or n_out < 10**12 else "a huge number"
             raise _bad(
-                path, line, recno, f"'max_tokens' must be a positive integer (got {n_out!r})"
+                path,
+                line,
+                recno,
+                f"'max_tokens' must be an integer in 1..{MAX_TOKENS:,} (got {shown!r})",
             )
         items.append((rec["prompt"], w.dataset_output_len or n_out))
     return _finish(w, n, rng, items)

@@ -195,6 +195,23 @@ def test_malformed_files_name_file_and_line(name: str, kind: str, match: str) ->
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[" * 100_000 + "]" * 100_000, r"d\.jsonl: invalid JSON: nested too deeply"),
+        ('{"prompt": ' + "[" * 100_000, r"d\.jsonl:1: invalid JSON: nested too deeply"),
+        ('{"prompt": "hi", "max_tokens": ' + "9" * 40 + "}", r"d\.jsonl:1: 'max_tokens' must be"),
+        ('{"prompt": "  "}', r"d\.jsonl:1: 'prompt' is empty"),
+    ],
+)
+def test_fuzzed_records_are_named(tmp_path: Path, text: str, match: str) -> None:
+    """Found by fuzzing: a RecursionError traceback, and records every server would refuse."""
+    f = tmp_path / "d.jsonl"
+    f.write_text(text + "\n")
+    with pytest.raises(InputFileError, match=match):
+        _build(WorkloadSection(kind="jsonl", dataset=str(f)))
+
+
 def test_bad_json_array_names_record(tmp_path: Path) -> None:
     f = tmp_path / "d.json"
     f.write_text('[{"conversations": [{"from": "human", "value": "x"}, {"value": "y"}]}]')
