@@ -1187,6 +1187,32 @@ def cases() -> list[Case]:
             both(S, mkdir("runs/bad/best.yaml")),
         )
     )
+
+    # SSH files: a FIFO hung the night's first connect, binary known_hosts was a traceback
+    def ssh_with(**files: str):
+        def mutate(data: dict[str, Any]) -> None:
+            data["target"].update(host="127.0.0.1", ssh={"port": free_port(), **files})
+
+        return mutate
+
+    for cid, key, make, expect in (
+        ("ssh-known-hosts-fifo", "known_hosts", fifo("kh"), "FIFO"),
+        ("ssh-known-hosts-binary", "known_hosts", touch("kh", b"x \xff\x00\n"), "UTF-8"),
+        ("ssh-config-fifo", "ssh_config", fifo("kh"), "FIFO"),
+        ("ssh-config-bad-port", "ssh_config", touch("kh", b"Host *\n  Port many\n"), "Port"),
+        ("ssh-identity-dir", "identity_file", mkdir("kh"), "directory"),
+    ):
+        files = {key: "kh"}
+        if key != "ssh_config":
+            files["ssh_config"] = ""  # never the user's own ~/.ssh/config
+        add(
+            Case(
+                cid,
+                ["tune", "s.yaml"],
+                ("s.yaml", "kh", expect),
+                both(make, write_study(ssh_with(**files))),
+            )
+        )
     unset = {"TUNER_TEST_NO_SUCH_KEY": ""}
     add(
         Case(

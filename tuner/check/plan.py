@@ -16,7 +16,7 @@ from tuner.check import connect, httppath, machine, reading, sglang
 from tuner.check.lines import FAIL, CheckLine, fail, skip
 from tuner.check.probe import Deadlines, Probe
 from tuner.config import StudyConfig
-from tuner.errors import InfraError, SetupError, TunerError
+from tuner.errors import ConfigError, InfraError, SetupError, TunerError
 from tuner.target import Launch
 
 
@@ -108,7 +108,10 @@ def before_night(cfg: StudyConfig, deadlines: Deadlines | None = None) -> None:
     failed = next((line for line in lines if line.failed), None)
     if failed is not None:
         error = failed.error or SetupError
-        raise error(
+        message = (
             f"before the first trial: {failed.name}: {failed.detail} "
             f"(`tuner check {cfg.source}` runs every check)"
         )
+        if error is ConfigError:  # a key of the study file: name the file too
+            raise ConfigError(message, file=cfg.source)
+        raise error(message)

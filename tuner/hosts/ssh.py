@@ -15,6 +15,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import paramiko
 from tenacity import (
@@ -28,6 +29,7 @@ from tenacity import (
 from tuner.config import SSHSection
 from tuner.errors import CommandTimeout, ConfigError, HostTrustError, HostUnreachable, InfraError
 from tuner.hosts.base import CommandResult, ShellHost
+from tuner.yamlfile import special_file
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +119,47 @@ class _Resolved:
     proxyjump: str | None
 
 
+def _local_file(path: str | None, key: str) -> None:
+    """A file the SSH options name must be a regular file: a FIFO would block the read
+    forever, a directory fail it later as if the host were down."""
+    if not path or not os.path.exists(path):
+        return
+    problem = "a directory, not a file" if os.path.isdir(path) else special_file(Path(path))
+    if problem:
+        raise ConfigError(f"{path} is {problem}", key=key)
+
+
+def _check_known_hosts(path: str) -> None:
+    """known_hosts is read at every connect: a file paramiko cannot read is the user's to fix."""
+    _local_file(path, "target.ssh.known_hosts")
+    if os.path.exists(path):
+        try:
+            paramiko.HostKeys(path)
+        except (UnicodeDecodeError, OSError) as exc:
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc.strerror
+            raise ConfigError(f"cannot read {path}: {why}", key="target.ssh.known_hosts") from None
+
+
 def _resolve(opts: SSHOptions) -> _Resolved:
     """Apply ~/.ssh/config (if any) under the explicit options, which win like ssh's -l/-p/-i."""
     conf: dict = {}
     if opts.ssh_config:
         path = os.path.expanduser(opts.ssh_config)
+        _local_file(path, "target.ssh.ssh_config")
         if os.path.exists(path):
             try:
                 conf = dict(paramiko.SSHConfig.from_path(path).lookup(opts.host))
             except Exception as exc:  # paramiko raises assorted errors on a malformed file
                 raise ConfigError(f"cannot parse ssh config: {exc}", file=path) from exc
+            if (
+                not str(conf.get("port", "22")).isdigit()
+                or not 0 < int(conf.get("port", 22)) < 65536
+            ):
+                raise ConfigError(
+                    f"Port {conf['port']!r} for {opts.host}: expected 1..65535", file=path
+                )
+    _local_file(os.path.expanduser(opts.identity_file or ""), "target.ssh.identity_file")
+    _check_known_hosts(os.path.expanduser(opts.known_hosts or "~/.ssh/known_hosts"))
     ids = [opts.identity_file] if opts.identity_file else list(conf.get("identityfile", []))
     # OpenSSH's default identity files are in the config lookup only when named; keep the named
     # ones that exist, so a missing default does not fail key loading
