@@ -53,6 +53,10 @@ def test_real_names_and_prefixes(argv, key, value):
             "argument --sim-fault: unknown fault kind 'crash'",
         ),  # no such flag
         (["--sim-startup-seconds", "-1"], "must be >= 0"),
+        # found by fuzzing: these were OverflowError tracebacks in the capacity math
+        (["--tp-size", "9" * 40], "invalid int value: 99999999999999999999... (too large)"),
+        (["--chunked-prefill-size", "9" * 30], "(too large)"),
+        (["--mem-fraction-static", "inf"], "invalid float value: 'inf' (not finite)"),
     ],
 )
 def test_bad_values_are_argparse_errors(argv, fragment):

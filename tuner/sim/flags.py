@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from tuner.configbase import MAX_INT
 from tuner.errors import InputFileError
 from tuner.sglang.flags import (
     DEFAULT_VERSION,
@@ -96,6 +98,27 @@ def _port(value: str) -> int:
     return number
 
 
+def _bounded_int(value: str) -> int:
+    """argparse's int, bounded: the capacity math divides in floats (10**40 overflowed them)."""
+    try:
+        number = int(value)
+    except ValueError:  # argparse's own wording
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if abs(number) > MAX_INT:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value[:20]}... (too large)")
+    return number
+
+
+def _finite_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"invalid float value: {value!r} (not finite)")
+    return number
+
+
 def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
     """The launch_server parser of that SGLang version (with `--config`) plus the simulator's
     `--sim-*` flags."""
@@ -104,6 +127,10 @@ def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
     for action in p._actions:
         if action.dest == "port":
             action.type = _port  # an out-of-range port is a usage error, not a bind traceback
+        elif action.type is int:
+            action.type = _bounded_int
+        elif action.type is float:
+            action.type = _finite_float
     a = p.add_argument
     a("--sim-profile", type=str, default=DEFAULT_PROFILE, help="profile name or YAML path")
     a(
