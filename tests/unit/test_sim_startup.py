@@ -185,7 +185,7 @@ def test_max_total_tokens_only_lowers():
     [
         (
             lambda t: t.replace("gpu_mem_mib: 81559", "gpu_mem_mib: lots"),
-            "gpu_mem_mib: expected a number",
+            "gpu_mem_mib: expected a finite number",
         ),
         (lambda t: t + "bogus_key: 1\n", "bogus_key: unknown key"),
         (lambda t: t.replace("tp: 1\n", ""), "tp: missing"),
@@ -195,6 +195,18 @@ def test_max_total_tokens_only_lowers():
         ),
         (lambda t: t.replace("  graph_mib_per_bs: 2.5\n", ""), "graph_memory.graph_mib_per_bs"),
         (lambda t: t + "  : [\n", "not valid YAML"),
+        # found by fuzzing: a traceback, a study that never ended, noise that went negative
+        (
+            lambda t: t.replace("gpu_mem_mib: 81559", "gpu_mem_mib: 1.0e+308"),
+            "gpu_mem_mib: expected a finite number",
+        ),
+        (lambda t: t.replace("hbm_gbps: 3350\npcie", "hbm_gbps: .nan\npcie"), "hbm_gbps"),
+        (
+            lambda t: t.replace("prefill_us_per_token: 22", "prefill_us_per_token: 1.0e+308"),
+            "timing.prefill_us_per_token: expected a number in 0..",
+        ),
+        (lambda t: t.replace("noise_run_pct: 2.0", "noise_run_pct: 500"), "timing.noise_run_pct"),
+        (lambda t: t.replace("hbm_efficiency: 0.8", "hbm_efficiency: 8"), "timing.hbm_efficiency"),
     ],
 )
 def test_bad_profile_is_one_line_naming_file_and_key(tmp_path, edit, fragment):

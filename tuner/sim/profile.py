@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tuner.errors import InputFileError
+from tuner.errors import ConfigError, InputFileError
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 MODEL_CONFIGS_DIR = Path(__file__).parent.parent / "model_configs"
@@ -153,9 +153,14 @@ def _load_model_config(file: str, value: Any) -> Mapping[str, Any]:
     return data
 
 
+#: profile figures are MiB, GB, GB/s, TFLOPS, seconds: none comes near this
+MAX_NUMBER = 1e9
+
+
 def _number(file: str, key: str, value: Any, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputFileError(file, f"{key}: expected a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value <= MAX_NUMBER:
+        # not value <= MAX: NaN too (inf GPU memory was an OverflowError in the capacity math)
+        raise InputFileError(file, f"{key}: expected a finite number, got {value!r}")
     if value < 0 or (positive and value == 0):
         raise InputFileError(file, f"{key}: must be {'positive' if positive else '>= 0'}")
     return float(value)
@@ -185,7 +190,7 @@ def load_profile(name_or_path: str) -> Profile:
         if not isinstance(raw[key], str) or not raw[key]:
             raise InputFileError(file, f"{key}: expected a non-empty string")
         values[key] = raw[key]
-    if not isinstance(raw["tp"], int) or isinstance(raw["tp"], bool) or raw["tp"] < 1:
+    if not isinstance(raw["tp"], int) or isinstance(raw["tp"], bool) or not 1 <= raw["tp"] <= 4096:
         raise InputFileError(file, f"tp: expected a positive integer, got {raw['tp']!r}")
     gm = raw["graph_memory"]
     if not isinstance(gm, dict):
@@ -199,6 +204,12 @@ def load_profile(name_or_path: str) -> Profile:
     timing = raw.get("timing") or {}
     if not isinstance(timing, dict):
         raise InputFileError(file, "timing: expected a mapping")
+    from tuner.sim.timing import StepTimeModel  # the engine's own parser: one set of rules
+
+    try:
+        StepTimeModel.from_mapping(timing)
+    except ConfigError as exc:
+        raise InputFileError(file, f"{exc.key}: {exc.detail}") from None
     if values["cuda_context_mib"] >= values["gpu_mem_mib"]:
         raise InputFileError(file, "cuda_context_mib: must be below gpu_mem_mib")
     if values["host_used_gb"] >= values["host_ram_gb"]:

@@ -18,6 +18,10 @@ from tuner.sim.radix import RadixCache
 
 GB = 1e9
 GIB = 2**30
+#: every timing figure is ms, us, ns, GB/s or a count: beyond this it is a typo
+MAX_TIMING = 1e6
+#: noise is a spread of a few percent; at 50% a run's factor N(1, sd) goes negative often
+MAX_NOISE_PCT = 50.0
 
 
 @dataclass(frozen=True)
@@ -58,12 +62,25 @@ class StepTimeModel:
         for key, value in (mapping or {}).items():
             if key not in known:
                 raise ConfigError("unknown key", key=f"timing.{key}")
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"expected a number >= 0, got {value!r}", key=f"timing.{key}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 <= value <= MAX_TIMING
+            ):
+                # 1e308 us per token made one virtual step last forever: bounded, finite
+                raise ConfigError(
+                    f"expected a number in 0..{MAX_TIMING:g}, got {value!r}", key=f"timing.{key}"
+                )
             values[key] = int(value) if key in ("moe_experts", "moe_topk") else float(value)
         for key in ("hbm_gbps", "hbm_efficiency", "kv_read_efficiency", "pcie_gbps"):
             if key in values and values[key] <= 0:
                 raise ConfigError("must be positive", key=f"timing.{key}")
+        for key in ("hbm_efficiency", "kv_read_efficiency", "hicache_write_overlap"):
+            if values.get(key, 0) > 1:
+                raise ConfigError("must be a fraction in 0..1", key=f"timing.{key}")
+        for key in ("noise_run_pct", "noise_step_pct"):
+            if values.get(key, 0) > MAX_NOISE_PCT:
+                raise ConfigError(f"must be at most {MAX_NOISE_PCT:g} (%)", key=f"timing.{key}")
         if values.get("moe_topk", 0) > values.get("moe_experts", 0):
             raise ConfigError("must not exceed timing.moe_experts", key="timing.moe_topk")
         return cls(**values)
