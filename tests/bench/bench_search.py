@@ -66,9 +66,9 @@ from tuner.api import study_requests  # noqa: E402
 from tuner.config import StudyConfig  # noqa: E402
 from tuner.launch import build_launch  # noqa: E402
 from tuner.runner import score_load  # noqa: E402
+from tuner.samplerspace import range_points  # noqa: E402
 from tuner.sim.virtual_server import VirtualServer  # noqa: E402
 from tuner.space import active_params, canonical, distributions, server_flags  # noqa: E402
-from tuner.study import range_points  # noqa: E402
 from tuner.studyfile import parse_study  # noqa: E402
 from tuner.target import Launch  # noqa: E402
 from tuner.trial import Attr, Status, full_params, measured_outcome, objective_values  # noqa: E402
