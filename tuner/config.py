@@ -319,11 +319,6 @@ class StudyConfig(Model):
             for dep, cond in (spec.when or {}).items():
                 if dep not in self.space:
                     raise ValueError(f"space: {name}.when: {dep} is not a searched parameter")
-                if dep in CLIENT_PARAMS and name not in CLIENT_PARAMS:
-                    raise ValueError(
-                        f"space: {name}.when: a server flag cannot depend on the client's {dep} "
-                        "(the server starts before the load is chosen)"
-                    )
                 if problem := _condition_problem(cond, self.space[dep]):
                     raise ValueError(f"space: {name}.when.{dep}: {problem}")
         for name in self.baseline or {}:

@@ -94,6 +94,13 @@ def mode_problem(cfg: StudyConfig) -> tuple[str, str] | None:
     for name, spec in cfg.space.items():
         if spec.search and name != NAME:
             return f"space.{name}.search", "only concurrency (a client-side knob) takes search:"
+    if inner_mode(cfg):
+        for name, spec in cfg.space.items():
+            if NAME in (spec.when or {}):
+                return f"space.{name}.when", (
+                    f"cannot depend on {NAME}: the inner search finds it on the running server, "
+                    "after the flags are chosen (or set space.concurrency.search: joint)"
+                )
     spec = cfg.space.get(NAME)
     if spec is None or spec.search != "inner":
         return None

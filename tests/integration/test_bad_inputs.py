@@ -1085,7 +1085,7 @@ def cases() -> list[Case]:
     tiny_step = {"low": 0.8, "high": 0.9, "step": 1e-300}
     add(study_case("step-tiny", MFS, tiny_step, MFS, "points"))
     on_conc = {"low": 0.8, "high": 0.9, "when": {"concurrency": {"gt": 10}}}
-    add(study_case("when-on-concurrency", MFS, on_conc, f"{MFS}.when", "client"))
+    add(study_case("when-on-concurrency", MFS, on_conc, f"{MFS}.when", "inner search"))
     never = {"type": "bool", "when": {"mem-fraction-static": "high"}}
     add(study_case("when-never-holds", "space.enable-mixed-chunk", never, "when", "outside"))
     add(study_case("choices-with-step", CONC, {"choices": [8, 16], "step": 2}, CONC, "step"))
