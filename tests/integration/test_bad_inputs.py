@@ -1201,6 +1201,12 @@ def cases() -> list[Case]:
         ("ssh-config-fifo", "ssh_config", fifo("kh"), "FIFO"),
         ("ssh-config-bad-port", "ssh_config", touch("kh", b"Host *\n  Port many\n"), "Port"),
         ("ssh-identity-dir", "identity_file", mkdir("kh"), "directory"),
+        (
+            "ssh-known-hosts-device",
+            "known_hosts",
+            lambda cwd, d: (cwd / "kh").symlink_to("/dev/zero"),
+            "device",
+        ),
     ):
         files = {key: "kh"}
         if key != "ssh_config":

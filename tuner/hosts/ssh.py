@@ -122,8 +122,8 @@ class _Resolved:
 def _local_file(path: str | None, key: str) -> None:
     """A file the SSH options name must be a regular file: a FIFO would block the read
     forever, a directory fail it later as if the host were down."""
-    if not path or not os.path.exists(path):
-        return
+    if not path or not os.path.exists(path) or os.path.realpath(path) == os.devnull:
+        return  # /dev/null is the usual "no file" (ssh -F /dev/null, UserKnownHostsFile)
     problem = "a directory, not a file" if os.path.isdir(path) else special_file(Path(path))
     if problem:
         raise ConfigError(f"{path} is {problem}", key=key)
