@@ -35,14 +35,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tuner.hosts.forward import Forward, ForwardError, listening_socket
+from tuner.hosts.forward import PROBE_S, Forward, ForwardError, listening_socket
 from tuner.hosts.ssh import SSHHost, SSHOptions
 
 log = logging.getLogger(__name__)
 
 #: the child's start-up (interpreter, imports) and one answer, at most
 START_S = 30.0
-ANSWER_S = 5.0
+ANSWER_S = PROBE_S + 5.0  # an open that timed out then waits for a keepalive
 
 
 class ForwardProcess:
