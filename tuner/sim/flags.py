@@ -87,26 +87,25 @@ def _non_negative_float(value: str) -> float:
     return number
 
 
-def _port(value: str) -> int:
-    """argparse type of --port: an integer TCP port (SGLang would fail later, at bind time)."""
+def _int_in(value: str, low: int, high: int, out_of_range: str) -> int:
+    """argparse's int (its own wording for a non-number), within [low, high]."""
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if not 1 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid port: {value} (expected 1 to 65535)")
+    if not low <= number <= high:
+        raise argparse.ArgumentTypeError(out_of_range.format(value=value[:20]))
     return number
+
+
+def _port(value: str) -> int:
+    """argparse type of --port: an integer TCP port (SGLang would fail later, at bind time)."""
+    return _int_in(value, 1, 65535, "invalid port: {value} (expected 1 to 65535)")
 
 
 def _bounded_int(value: str) -> int:
     """argparse's int, bounded: the capacity math divides in floats (10**40 overflowed them)."""
-    try:
-        number = int(value)
-    except ValueError:  # argparse's own wording
-        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if abs(number) > MAX_INT:
-        raise argparse.ArgumentTypeError(f"invalid int value: {value[:20]}... (too large)")
-    return number
+    return _int_in(value, -MAX_INT, MAX_INT, "invalid int value: {value}... (too large)")
 
 
 def _finite_float(value: str) -> float:
