@@ -112,10 +112,15 @@ def test_client_disconnects_log_no_traceback(sim):
                 )
             )
 
-    asyncio.run(main())
-    deadline = time.monotonic() + 10
-    while "Abort request obj.rid=" not in sim.log() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # on a busy machine a client may leave before the server has read its request (nothing to
+    # abort then): up to three bursts; a server that never logs the abort still fails
+    for _ in range(3):
+        asyncio.run(main())
+        deadline = time.monotonic() + 10
+        while "Abort request obj.rid=" not in sim.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if "Abort request obj.rid=" in sim.log():
+            break
     log = sim.log()
     assert "Traceback" not in log and "Error handling request" not in log
     assert re.search(
