@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,8 +77,17 @@ class Timeouts(Model):
     stop_s: Duration = 60  # TERM -> group gone, then KILL
     port_free_s: Duration = 30
     gpu_free_s: Duration = 120
-    poll_s: Duration = 1.0
+    poll_s: Duration = 1.0  # the longest wait between two polls
     http_s: Duration = 5  # one /health or /get_server_info request
+
+    def poll_waits(self) -> Iterator[float]:
+        """Waits between polls: 0.05 s doubling up to poll_s. A group gone, a port freed or a
+        server ready just after the first look is seen then, not a whole poll_s later (1-3 s of
+        each restart on the simulator); a long start-up is still polled every poll_s."""
+        wait = min(0.05, self.poll_s)
+        while True:
+            yield wait
+            wait = min(wait * 2, self.poll_s)
 
 
 class TargetSection(Model):

@@ -325,6 +325,7 @@ class Server:
         assert run is not None
         deadline = self._clock() + self.timeouts.ready_s
         reach = ReachWatch(self.endpoint, self.host, run.port, self.reach_grace_s, self._clock)
+        waits = self.timeouts.poll_waits()
         while True:
             self.on_poll()
             status = self._http_status("/health")
@@ -354,7 +355,7 @@ class Server:
                     None,
                     run.log_path,
                 )
-            self._sleep(self.timeouts.poll_s)
+            self._sleep(next(waits))
 
     def _verify(self, spec: LaunchSpec) -> StartResult:
         """Confirm the answering server is ours and resolved what we asked; record its facts."""
@@ -417,12 +418,13 @@ class Server:
 
     def _poll(self, ok: Callable[[], bool], limit_s: float) -> bool:
         deadline = self._clock() + limit_s
+        waits = self.timeouts.poll_waits()
         while True:
             if ok():
                 return True
             if self._clock() > deadline:
                 return False
-            self._sleep(self.timeouts.poll_s)
+            self._sleep(next(waits))
 
     def _kill_group(self, pgid: int) -> None:
         """TERM the group, wait stop_s, then KILL; InfraError if it still lives.

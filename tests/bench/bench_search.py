@@ -56,10 +56,11 @@ if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.he
 from tests.bench.search_robust import (  # noqa: E402
     HELDOUT_SEED0,
     ROBUST_RUNS,
+    ROBUST_SETS,
     TMP,
     confirmed_pick,
+    expected,
     one_run,
-    robust,
     search,
 )
 from tuner.api import study_requests  # noqa: E402
@@ -342,7 +343,7 @@ def robust_many(case: str, configs: Sequence[dict[str, Any]]) -> dict[str, tuple
     held-out ones)."""
     cfg, reqs = study_cfg(case), requests_of(case)
     return {
-        canonical(p): (robust(cfg, reqs, p), robust(cfg, reqs, p, seed0=HELDOUT_SEED0))
+        canonical(p): (expected(cfg, reqs, p), expected(cfg, reqs, p, seed0=HELDOUT_SEED0))
         for p in configs
     }
 
@@ -482,7 +483,7 @@ def tables(rep: Report, budgets: Sequence[int]) -> str:
     lines = [
         f"\n== {CASES[rep.case].title}: optimum {rep.optimum:,.0f} at {rep.optimum_params} "
         f"({rep.grid_cells} configurations scored noise-free, {len(rep.robust)} robustly: "
-        f"{ROBUST_RUNS[0]} noisy starts, SLOs pooled; chosen at {rep.optimum_selected:,.0f} on "
+        f"{ROBUST_SETS[0]} x {ROBUST_RUNS[0]} noisy starts, SLOs pooled; chosen at {rep.optimum_selected:,.0f} on "
         "its selection starts, valued on held-out ones as every pick is)",
         "best/optimum (robust scores), median/worst of seeds, after N restarts"
         " (confirmed: the search stopped there, then the tuner's confirmation; - not run):",
@@ -762,11 +763,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--confirm-at", default="15", help="restarts after which `confirmed` confirms")
     p.add_argument("--robust-runs", type=int, default=ROBUST_RUNS[0], help="noisy starts per score")
     p.add_argument(
+        "--sets", type=int, default=ROBUST_SETS[0], help="sets of starts a score averages"
+    )
+    p.add_argument(
         "--top", type=int, default=TOP[0], help="best noise-free configs scored robustly"
     )
     a = p.parse_args(argv)
     INNER_RUNS[0], STARTUP[0] = a.inner_runs, a.startup
-    ROBUST_RUNS[0], TOP[0] = a.robust_runs, a.top
+    ROBUST_RUNS[0], TOP[0], ROBUST_SETS[0] = a.robust_runs, a.top, a.sets
     budgets = [n for n in BUDGETS if n <= a.budget]
     bench(
         a.cases.split(","),

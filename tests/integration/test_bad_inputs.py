@@ -48,6 +48,9 @@ ODD_PASSWORD = "hun/ter@2-planted"
 #: a case that runs longer has hung (each takes ~1-3 s, ~10 s on a busy machine)
 CASE_TIMEOUT_S = 60
 MEMORY_LIMIT = 3 << 30
+#: every case reads one module fixture that runs all the subprocess cases (~1 s of CPU each):
+#: keep the module on one xdist worker (pyproject's `--dist loadgroup`), so it runs them once
+pytestmark = pytest.mark.xdist_group("bad-inputs")
 #: a YAML alias bomb: 10 lists of 10 ... (9 levels) is 10**9 items by reference
 ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)

@@ -269,8 +269,10 @@ def test_two_runs_dirs_of_one_study_leave_each_other_s_servers_alone(tmp_path: P
     a.mkdir(), b.mkdir()
     # A's first trial holds its server for a 20 s load run; B starts while it runs
     first = {"mem-fraction-static": 0.85, "concurrency": 8}
-    study_a = study_file(a, "twin", n_trials=2, baseline=first, workload__duration_s=20)
-    study_b = study_file(b, "twin", n_trials=1, baseline=first)
+    # no confirmation: its runs would only lengthen A's 20 s windows past what B needs
+    quick = {"baseline": first, "budget__confirm_top": 0}
+    study_a = study_file(a, "twin", n_trials=2, workload__duration_s=20, **quick)
+    study_b = study_file(b, "twin", n_trials=1, **quick)
     port_a = yaml.safe_load(study_a.read_text())["target"]["port"]
     argv = [sys.executable, "-m", "tuner", "tune", "--worker", "w", "--no-progress"]
     proc = spawn_tune([*argv[4:], str(study_a), "--runs-dir", str(a / "runs")])

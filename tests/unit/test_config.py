@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from itertools import islice
 from pathlib import Path
 
 import pytest
 
-from tuner.config import parse_duration
+from tuner.config import Timeouts, parse_duration
 from tuner.errors import ConfigError
 from tuner.space import client_params
 from tuner.studyfile import load_study, parse_study
@@ -266,3 +267,11 @@ def test_flags_of_a_newer_sglang_are_checked_against_its_table() -> None:
         parse_study({**MINIMAL, "server": bad})
     with pytest.raises(ConfigError, match=r"server\.enable-lorax: unknown SGLang flag"):
         parse_study({**MINIMAL, "server": {"model-path": "m", "enable-lorax": True}})
+
+
+def test_poll_waits_start_short_and_double_up_to_poll_s() -> None:
+    """A group gone or a server ready just after the first look is seen within 0.05 s; a long
+    start-up is polled every poll_s, never more often than the schedule says."""
+    waits = list(islice(Timeouts(poll_s=1.0).poll_waits(), 8))
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+    assert list(islice(Timeouts(poll_s=0.02).poll_waits(), 3)) == [0.02, 0.02, 0.02]
