@@ -27,6 +27,8 @@ def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) 
         "--sim-startup-seconds",
         "0.3",
     ]
+    # the server's cwd and its log, pid and exit files: the test's own dir, not the host's /tmp
+    data["target"]["workdir"] = str(tmp)
     data["workload"].update(input_len=256, output_len=48, duration_s=2.5, warmup_requests=1)
     data["objective"]["slo"]["p99_ttft_ms"] = 2000
     data["budget"].update(n_trials=n_trials, confirm_top=1, confirm_repeats=1)

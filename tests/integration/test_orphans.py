@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +31,19 @@ SPAWN = (
 # signals children that asked while their parent lived); a test process is never that quick.
 
 
+class _Scratch:
+    """A TMPDIR for the killed parent: its `finally` never runs, so the test removes what its
+    helpers made there (the simulator's log dir, the cluster's data dir)."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="tuner-orphans-"))
+        self.dir.chmod(0o755)  # the postgres user enters its cluster's dir below it
+        self.env = {**os.environ, "TMPDIR": str(self.dir)}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -39,8 +54,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not DIE_WITH_PARENT, reason="util-linux setpriv is not installed")
 def test_simulator_ends_when_the_test_process_is_killed() -> None:
+    tmp = _Scratch()
     parent = subprocess.Popen(
-        [sys.executable, "-c", SPAWN], cwd=REPO, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", SPAWN], cwd=REPO, stdout=subprocess.PIPE, text=True, env=tmp.env
     )
     sim = 0
     try:
@@ -61,6 +77,7 @@ def test_simulator_ends_when_the_test_process_is_killed() -> None:
         if sim and _alive(sim):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(sim, signal.SIGKILL)  # its own group (start_new_session)
+        tmp.remove()
 
 
 PG_SPAWN = (
@@ -77,11 +94,13 @@ def test_postgres_ends_when_the_test_process_is_killed() -> None:
     from tests.helpers.pg import require_postgres
 
     initdb, server = require_postgres()
+    tmp = _Scratch()
     parent = subprocess.Popen(
         [sys.executable, "-c", PG_SPAWN, initdb, server],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
+        env=tmp.env,
     )
     pg = 0
     try:
@@ -102,3 +121,4 @@ def test_postgres_ends_when_the_test_process_is_killed() -> None:
         if pg and _alive(pg):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pg, signal.SIGKILL)  # its own group (start_new_session)
+        tmp.remove()
