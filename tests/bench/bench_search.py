@@ -12,6 +12,10 @@ the optimum: of the `--top` best configurations of a noise-free brute force over
 (every step of a stepped range, every choice, `Case.log_points` points per log range, then
 concurrency refined between the neighbours of every cell within 10% of the best) and every
 pick, the one with the best robust score on the selection starts, valued on the held-out ones.
+`--sets K` averages each score over 2K disjoint sets of starts (search_robust.expected: K
+selection and K held-out sets, pooled), a set that misses its SLOs counting 0, and takes the
+optimum as the best of those scores: a configuration at an SLO's edge is then worth what it
+holds on the next restarts (3 sets in 4: 3/4 of its throughput), not one draw's all or nothing.
 Confirmation runs are off except in `confirmed`: the other curves compare what each strategy's
 search found, not the re-runs after it.
 
@@ -478,12 +482,17 @@ def _med_worst(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.3f}/{min(values):.3f}"
 
 
+def _sets() -> int:
+    """Sets of starts a table's scores average (`--sets K`: K selection and K held-out)."""
+    return ROBUST_SETS[0] * 2 if ROBUST_SETS[0] > 1 else 1
+
+
 def tables(rep: Report, budgets: Sequence[int]) -> str:
     """The case's tables as text."""
     lines = [
         f"\n== {CASES[rep.case].title}: optimum {rep.optimum:,.0f} at {rep.optimum_params} "
         f"({rep.grid_cells} configurations scored noise-free, {len(rep.robust)} robustly: "
-        f"{ROBUST_SETS[0]} x {ROBUST_RUNS[0]} noisy starts, SLOs pooled; chosen at {rep.optimum_selected:,.0f} on "
+        f"{_sets()} x {ROBUST_RUNS[0]} noisy starts, SLOs pooled; chosen at {rep.optimum_selected:,.0f} on "
         "its selection starts, valued on held-out ones as every pick is)",
         "best/optimum (robust scores), median/worst of seeds, after N restarts"
         " (confirmed: the search stopped there, then the tuner's confirmation; - not run):",
@@ -711,6 +720,14 @@ def _score_picks(
     # anyone could keep: the best of those that hold on both
     kept = [k for k in rep.robust if rep.robust[k] > 0] or list(rep.robust)
     key = max(kept, key=lambda k: rep.selection[k])
+    if ROBUST_SETS[0] > 1:
+        # chosen on sets that favoured it and valued on others, an edge configuration is worth
+        # less than what any steady pick scores (Llama-70B's ledge at concurrency 64: held on 4
+        # of 4 selection sets, 3 of 4 held out): every score is the mean over all 2K sets, the
+        # optimum the best of them (biased up by luck, so ratios err low)
+        for k in rep.robust:
+            rep.robust[k] = rep.selection[k] = (rep.selection[k] + rep.robust[k]) / 2
+        key = max(rep.robust, key=lambda k: rep.robust[k])
     rep.optimum, rep.optimum_params = rep.robust[key], json.loads(key)
     rep.optimum_selected = rep.selection[key]
     out(
