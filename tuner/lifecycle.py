@@ -106,7 +106,7 @@ class Server:
         self._gpus: tuple[GpuInfo, ...] | None = None
         self._secrets: set[str] = {api_key} if api_key and len(api_key) >= MIN_MASKED_LEN else set()
         self._setup_ok: set[tuple[str | None, str | None]] = set()  # (program, cwd) checked
-        self.on_poll: Callable[[], None] = lambda: None  # each readiness poll: startlog.py
+        self.on_poll: Callable[..., None] = lambda last=False: None  # startlog.py
 
     # -- public ----------------------------------------------------------------------------
 
@@ -329,9 +329,12 @@ class Server:
         while True:
             self.on_poll()
             status = self._http_status("/health")
+            alive = status == 200 or self.host.group_alive(run.pgid)
+            if status == 200 or not alive:  # the start ended: its log's last milestones
+                self.on_poll(last=True)
             if status == 200:
                 return None
-            if not self.host.group_alive(run.pgid):
+            if not alive:
                 code, tail = self._exit_and_tail(run.log_path)
                 setup = self.runtime.setup_error(code, tail, self._mask)  # before _forget
                 self._forget(run)
@@ -346,14 +349,12 @@ class Server:
                 self._kill_group(run.pgid)  # raises (record kept) if the group survives
                 self._forget(run)
                 _, tail = self._exit_and_tail(run.log_path)
+                why = (
+                    f"not ready within {self.timeouts.ready_s:g} s (GET /health never answered 200)"
+                )
+                cls = FailureClass.TIMEOUT
                 return StartResult(
-                    False,
-                    FailureClass.TIMEOUT,
-                    f"not ready within {self.timeouts.ready_s:g} s (GET /health never answered 200); killed",
-                    tuple(tail),
-                    run.pgid,
-                    None,
-                    run.log_path,
+                    False, cls, why + "; killed", tuple(tail), run.pgid, None, run.log_path
                 )
             self._sleep(next(waits))
 

@@ -59,12 +59,14 @@ class StartupLog:
         self._seen: set[str] = set()
         self._last = -float("inf")
 
-    def __call__(self) -> None:
+    def __call__(self, last: bool = False) -> None:
+        """`last`: the start just ended (ready or dead): read what the log gained whatever the
+        interval, or a start quicker than `min_interval_s` would report none of its milestones."""
         start = (self.server.pgid, self.server.log_path)
         if start != self._start:  # a new start: its own log, its own milestones
             self._start, self._offset, self._partial, self._seen = start, 0, "", set()
             self._last = -float("inf")
-        if start[1] is None or self.clock() - self._last < self.min_interval_s:
+        if start[1] is None or (not last and self.clock() - self._last < self.min_interval_s):
             return
         self._last = self.clock()
         try:

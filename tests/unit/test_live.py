@@ -197,6 +197,25 @@ def test_startup_log_reads_only_new_bytes_and_reports_each_milestone_once(
     assert seen[-1] == "weights"
 
 
+def test_the_last_read_of_a_start_ignores_the_interval(tmp_path: Path) -> None:
+    """A start quicker than the interval (the simulator: under 1 s) still reports its milestones:
+    the lifecycle's read when the start ends is not throttled."""
+    log = tmp_path / "server.log"
+
+    class Server:
+        pgid, log_path = 4242, str(log)
+
+    clock, seen = Clock(), []
+    follow = StartupLog(Server(), LocalHost(), lambda m: seen.append(m.key), clock=clock)
+    follow()  # the first poll: the log is still empty
+    log.write_text(SGLANG_LOG)
+    clock.t += 0.3
+    follow()  # within the interval: not read
+    assert seen == []
+    follow(last=True)
+    assert seen[0] == "weights_begin" and seen[-1] == "ready"
+
+
 @pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.23"])
 def test_milestones_read_each_played_versions_lines(version: str) -> None:
     # the simulator writes each version's own templates (0.5.23 changed three of them)
