@@ -492,8 +492,13 @@ def tables(rep: Report, budgets: Sequence[int]) -> str:
     lines = [
         f"\n== {CASES[rep.case].title}: optimum {rep.optimum:,.0f} at {rep.optimum_params} "
         f"({rep.grid_cells} configurations scored noise-free, {len(rep.robust)} robustly: "
-        f"{_sets()} x {ROBUST_RUNS[0]} noisy starts, SLOs pooled; chosen at {rep.optimum_selected:,.0f} on "
-        "its selection starts, valued on held-out ones as every pick is)",
+        f"{_sets()} x {ROBUST_RUNS[0]} noisy starts, SLOs pooled; "
+        + (
+            "every score the mean over all sets)"
+            if ROBUST_SETS[0] > 1
+            else f"chosen at {rep.optimum_selected:,.0f} on its selection starts, valued on "
+            "held-out ones as every pick is)"
+        ),
         "best/optimum (robust scores), median/worst of seeds, after N restarts"
         " (confirmed: the search stopped there, then the tuner's confirmation; - not run):",
         f"{'strategy':10s}" + "".join(f"{n:>14d}" for n in budgets),
