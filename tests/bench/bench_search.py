@@ -723,8 +723,6 @@ def _score_picks(
     # chosen on one set of starts, valued on another: the best of many scores on the same starts
     # is biased up by luck. One that misses its SLOs on the held-out starts is not an optimum
     # anyone could keep: the best of those that hold on both
-    kept = [k for k in rep.robust if rep.robust[k] > 0] or list(rep.robust)
-    key = max(kept, key=lambda k: rep.selection[k])
     if ROBUST_SETS[0] > 1:
         # chosen on sets that favoured it and valued on others, an edge configuration is worth
         # less than what any steady pick scores (Llama-70B's ledge at concurrency 64: held on 4
@@ -733,6 +731,9 @@ def _score_picks(
         for k in rep.robust:
             rep.robust[k] = rep.selection[k] = (rep.selection[k] + rep.robust[k]) / 2
         key = max(rep.robust, key=lambda k: rep.robust[k])
+    else:
+        kept = [k for k in rep.robust if rep.robust[k] > 0] or list(rep.robust)
+        key = max(kept, key=lambda k: rep.selection[k])
     rep.optimum, rep.optimum_params = rep.robust[key], json.loads(key)
     rep.optimum_selected = rep.selection[key]
     out(
