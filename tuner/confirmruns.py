@@ -4,10 +4,10 @@ the run's latency tails (pooled.tails_of), which results.py pools into the winne
     tuner:confirmations:<worker> = {"12": [1830.2, 0.0, 1795.4]}
     tuner:confirm_tails:<worker> = {"12": [{...}, None, {...}]}     # None: a death, no tails
 
-A run with tails counts its measured value even when its own p99 missed a limit: the verdict is
-made on every request of the configuration's runs together, not run by run (one run's p99 near
-a limit passes or misses by luck). A run that could not measure (a death, a failed start)
-counts 0.0 as before, and so does a miss without tails to pool.
+A run with tails keeps its measured value even when its own p99 missed a limit (the run-to-run
+noise reads it) and its tails join the configuration's pooled verdict; results.py ranks such a
+run 0.0, as a start that would have missed its SLOs. A run that could not measure (a death, a
+failed start) counts 0.0 as before, and so does a miss without tails to pool.
 """
 
 from __future__ import annotations

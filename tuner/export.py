@@ -23,6 +23,7 @@ from tuner.results import (
     best_trial,
     completed,
     feasible_trials,
+    held_note,
     server_info_of,
     versus_runner_up,
 )
@@ -110,7 +111,7 @@ def render_yaml(data: dict[str, Any]) -> str:
     if conf.get("runs") and len(conf["runs"]) > 1:
         header.append(
             f"confirmed over {len(conf['runs'])} runs: mean {conf['mean']:,.1f} "
-            f"({data['objective']}), spread {conf['spread_pct']:.1f}%"
+            f"({data['objective']}), spread {conf['spread_pct']:.1f}%{held_note(conf)}"
         )
     if conf.get("pooled"):
         header.append(_pooled(conf["pooled"]))

@@ -24,7 +24,7 @@ from tuner.config import StudyConfig
 from tuner.progress import param_text
 from tuner.reportfigs import TEMPLATE, Chart, contour, history, importance, pareto, slices, ttft
 from tuner.reportruns import confirmations, load_search, pool
-from tuner.results import best_trial
+from tuner.results import best_trial, held_note
 from tuner.trial import Attr, is_feasible
 
 #: plotly's config for every chart: no logo, no link out
@@ -92,7 +92,7 @@ def verdict(cfg: StudyConfig, study: optuna.Study) -> str:
     return (
         f"<p><b>Winner: trial {best.number}</b> ({html.escape(param_text(best.params))}): "
         f"{summary['mean']:,.1f} {html.escape(cfg.objective.metric)}, mean of {len(runs)} "
-        f"run{'s' if len(runs) != 1 else ''}{spread}.</p>"
+        f"run{'s' if len(runs) != 1 else ''}{spread}{html.escape(held_note(summary))}.</p>"
     )
 
 

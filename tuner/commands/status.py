@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tuner.results import best_trial
+    from tuner.results import best_trial, held_note
     from tuner.study import existing_study
     from tuner.trialrows import metric_unit, param_text, table_width, trial_rows, trials_table
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             f"best: trial #{best.number} {param_text(rows[best.number]['params'], short=False)}"
             f" -> {summary['mean']:,.1f} {metric_unit(cfg.objective.metric)} "
             f"{cfg.objective.metric} (mean of {len(runs)} run{'s' if len(runs) != 1 else ''}"
-            f"{spread})",
+            f"{spread}{held_note(summary)})",
             highlight=False,
             markup=False,
         )
