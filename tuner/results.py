@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.pooled import pooled_verdict
+from tuner.pooled import near_limits, pooled_verdict
 from tuner.space import canonical
 from tuner.trial import Attr, is_feasible
 
@@ -199,6 +199,29 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
     cv = (squares / dof) ** 0.5
     two_sigma = 200 * cv * (1 / len(winner.runs) + 1 / len(second.runs)) ** 0.5
     return {**out, "noise_pct": 100 * cv, "two_sigma_pct": two_sigma, "separated": gap > two_sigma}
+
+
+def unsettled(study: optuna.Study) -> tuple[int, ...]:
+    """The trials confirmation runs once more, () when settled: while a run of the winner missed
+    an SLO on its own, the winner and the best configuration not yet confirmed (every candidate
+    confirmed may be as shaky: the next one may be the steady one); else the winner alone while
+    its pooled p99 holds a limit by less than SLO_MARGIN; else winner and runner-up while the gap
+    between them is inside the noise."""
+    ranked = _ranked(study)
+    # a winner that misses pooled means every candidate did: no lead to settle
+    if not ranked or ranked[0].missed:
+        return ()
+    best = ranked[0]
+    if best.held < len(best.runs):
+        fresh = top_trials(study, len(ranked) + 1)[len(ranked) :]
+        return (best.trial.number, *(t.number for t in fresh))
+    if best.pooled and near_limits(best.pooled):
+        return (best.trial.number,)
+    versus = versus_runner_up(study)
+    # tied with no noise (a plateau measured exactly) is as settled as separated
+    if versus is None or versus["separated"] is not False or not versus["noise_pct"]:
+        return ()
+    return (best.trial.number, versus["runner_up"])
 
 
 def server_info_of(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:

@@ -48,14 +48,12 @@ from tuner.errors import (
     TrialTimeout,
 )
 from tuner.innertrial import sampled_space
-from tuner.pooled import near_limits
 from tuner.progress import TrialStarted
 from tuner.results import (
-    best_trial,
     completed,
     measured_before,
     top_trials,
-    versus_runner_up,
+    unsettled,
 )
 from tuner.runner import TrialRunner
 from tuner.space import active_params, condition_holds, sample, sglang_defaults
@@ -399,9 +397,10 @@ class Tuning:
     def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
         """Re-run the best few feasible configs `repeats` times, each run on a fresh server (the
         luck of a start is most of a configuration's noise); the study keeps every value. Then,
-        at most `budget.confirm_extra` rounds: the winner runs once more while its pooled p99
-        holds a limit by less than SLO_MARGIN, else winner and runner-up both while the winner
-        is within the run-to-run noise of the runner-up: a winner by luck loses its lead.
+        at most `budget.confirm_extra` rounds of `results.unsettled`: a winner with a start
+        that missed on its own runs again beside the best config not yet confirmed, a winner
+        whose pooled p99 is near a limit runs again, and a winner within the run-to-run noise of
+        the runner-up runs again beside it: a winner by luck loses its lead.
 
         A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run
         again, at most budget.infra_retries times per config, then that config's confirmation
@@ -415,7 +414,7 @@ class Tuning:
             for t in top_trials(self.study, top):
                 self._confirm_runs(t, record, repeats)
             for _ in range(self.cfg.budget.confirm_extra if top else 0):
-                numbers = self._unsettled()
+                numbers = unsettled(self.study)
                 if not numbers:
                     break
                 for number in numbers:
@@ -431,22 +430,6 @@ class Tuning:
             self._stop_quietly()
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return record.values
-
-    def _unsettled(self) -> tuple[int, ...]:
-        """The trials to run once more: the winner alone while its pooled p99 is near a limit,
-        else winner and runner-up while the gap between them is inside the noise; () when
-        settled."""
-        best, summary = best_trial(self.study)
-        # a winner that misses pooled means every candidate did: no lead to settle
-        if best is None or summary.get("pooled_missed"):
-            return ()
-        if summary.get("pooled") and near_limits(summary["pooled"]):
-            return (best.number,)
-        versus = versus_runner_up(self.study)
-        # tied with no noise (a plateau measured exactly) is as settled as separated
-        if versus is None or versus["separated"] is not False or not versus["noise_pct"]:
-            return ()
-        return (best.number, versus["runner_up"])
 
     def _confirm_runs(self, t: FrozenTrial, record: ConfirmRecord, until: int) -> None:
         """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried)."""
