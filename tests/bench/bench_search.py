@@ -187,6 +187,9 @@ CASES = {
 INNER_RUNS: list[int | None] = [None]
 #: `--startup`: sampler.n_startup_trials of every study (None: the study file's or tuner's)
 STARTUP: list[int | None] = [None]
+#: `--confirm TOP,REPEATS`: budget.confirm_top and confirm_repeats of `confirmed` (None: the
+#: study file's or tuner's)
+CONFIRM: list[tuple[int, int] | None] = [None]
 
 
 def strategy_data(case: str, strategy: str) -> dict[str, Any]:
@@ -199,6 +202,9 @@ def strategy_data(case: str, strategy: str) -> dict[str, Any]:
     d["study"] = f"{d['study']}-{strategy}"
     if strategy != "confirmed":  # the search alone; `confirmed` confirms as the file says
         d.setdefault("budget", {})["confirm_top"] = 0
+    elif CONFIRM[0] is not None:
+        budget = d.setdefault("budget", {})
+        budget["confirm_top"], budget["confirm_repeats"] = CONFIRM[0]
     d["budget"]["n_trials"] = 1000  # the restart budget ends the study
     d["budget"]["max_consecutive_infra_failures"] = 10
     if strategy not in ("default", "confirmed"):
@@ -784,6 +790,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--inner-runs", type=int, help="budget.inner_runs of the studies")
     p.add_argument("--startup", type=int, help="sampler.n_startup_trials of the studies")
     p.add_argument("--confirm-at", default="15", help="restarts after which `confirmed` confirms")
+    p.add_argument("--confirm", help="TOP,REPEATS: `confirmed`'s confirm_top and confirm_repeats")
     p.add_argument("--robust-runs", type=int, default=ROBUST_RUNS[0], help="noisy starts per score")
     p.add_argument(
         "--sets", type=int, default=ROBUST_SETS[0], help="sets of starts a score averages"
@@ -793,6 +800,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     a = p.parse_args(argv)
     INNER_RUNS[0], STARTUP[0] = a.inner_runs, a.startup
+    if a.confirm:
+        top, repeats = (int(x) for x in a.confirm.split(","))
+        CONFIRM[0] = (top, repeats)
     ROBUST_RUNS[0], TOP[0], ROBUST_SETS[0] = a.robust_runs, a.top, a.sets
     budgets = [n for n in BUDGETS if n <= a.budget]
     bench(
