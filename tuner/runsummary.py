@@ -7,7 +7,7 @@
      "trials": {"total": 12, "complete": 10, "feasible": 7, "infeasible": 2, "rejected": 1,
                 "failed": 2, "running": 0},
      "best": {"trial": 7, "metric": "output_throughput", "value": 2512.3, "mean": 2498.1,
-              "runs": [2512.3, 2483.9], "spread_pct": 1.1, "params": {...}},
+              "runs": [2512.3, 2483.9], "held": 2, "spread_pct": 1.1, "params": {...}},
      "best_yaml": "runs/demo-sim/best.yaml",
      "this_run": {"launched": 8, "rejected": 1, "duplicates": 1, "infra_failures": 0,
                   "server_reuses": 2}}
@@ -107,6 +107,7 @@ def best_of(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any] | None:
         "value": best.values[0],
         "mean": summary["mean"],
         "runs": summary["runs"],
+        "held": summary["held"],  # of `runs`, those that held the SLOs on their own
         "spread_pct": summary["spread_pct"],
         "params": dict(best.params),
     }

@@ -64,6 +64,7 @@ def test_piped_tune_prints_plain_lines_and_notifies(tmp_path: Path) -> None:
     assert (sent["event"], sent["exit_code"], sent["study"]) == ("finished", 0, "watched")
     assert sent["trials"]["complete"] == 2 and sent["best_yaml"].endswith("best.yaml")
     assert sent["best"]["params"]["mem-fraction-static"] < 0.98
+    assert 1 <= sent["best"]["held"] <= len(sent["best"]["runs"])  # the first run held alone
 
 
 def test_a_failed_run_notifies_and_a_failing_notifier_changes_nothing(tmp_path: Path) -> None:
