@@ -150,7 +150,8 @@ def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]
     if not ranked:
         return None, {}
     best, runs, mean, held, pooled, missed = ranked[0]
-    spread = 100 * (max(runs) - min(runs)) / mean if mean else 0.0
+    measured = sum(runs) / len(runs)  # the spread is of the runs as measured, misses included
+    spread = 100 * (max(runs) - min(runs)) / measured if mean and measured else 0.0
     summary: dict[str, Any] = {"mean": mean, "runs": runs, "held": held, "spread_pct": spread}
     if pooled is not None:
         summary.update(pooled=pooled, pooled_missed=missed)

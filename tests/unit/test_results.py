@@ -171,6 +171,7 @@ def test_a_run_that_missed_on_its_own_counts_zero_though_the_pool_holds(tmp_path
     best, summary = best_trial(study)
     assert best is not None and best.number == 1 and summary["held"] == 4
     assert summary["mean"] == pytest.approx(1130.0) and summary["pooled_missed"] == []
+    assert summary["spread_pct"] == pytest.approx(100 * 20 / 1130)
     v = versus_runner_up(study)
     assert v is not None and v["runner_up"] == 0
     assert v["runner_up_mean"] == pytest.approx((1200 + 1190 + 1200) / 4)
@@ -184,6 +185,7 @@ def test_a_run_that_missed_on_its_own_counts_zero_though_the_pool_holds(tmp_path
     )
     best, summary = best_trial(study)
     assert best is not None and best.number == 0 and summary["held"] == 4
+    assert summary["spread_pct"] == pytest.approx(100 * 20 / 1200)
     assert held_note(summary) == "" and "held the SLOs" not in render_yaml(
         export_data(_cfg(), study)
     )
@@ -207,7 +209,11 @@ def test_unsettled_names_the_trials_confirmation_runs_again(tmp_path: Path) -> N
     held, missed, near = _tails(200, 1, 60.0), _tails(200, 3, 60.0), _tails(200, 3, 49.0)
     # the winner (897.5 a start: 3 of 4 held) missed once alone: it runs again beside the best
     # configuration not yet confirmed, which may be the steady one
-    assert unsettled(study("a", [held, missed, held])) == (0, 2)
+    shaky = study("a", [held, missed, held])
+    assert unsettled(shaky) == (0, 2)
+    # its spread is of the runs as measured (1190-1210 about 1,200), not about the 897.5
+    _, summary = best_trial(shaky)
+    assert summary["held"] == 3 and summary["spread_pct"] == pytest.approx(100 * 20 / 1200)
     # every start held, the pooled p99 49 ms: within 5% of 50, the winner alone runs again
     assert unsettled(study("b", [near, near, near])) == (0,)
     # held by far, and 30% ahead of the runner-up: settled
