@@ -107,6 +107,9 @@ class Seams:
     def close(self) -> None:
         try:
             self.runner.stop()
+            logs = getattr(self.server, "logs", None)  # a host's (a virtual server has none)
+            if logs is not None:
+                logs.sweep()  # the last server's log was fetched when its trial ended
         finally:
             try:
                 if self.endpoint is not None:
@@ -132,6 +135,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         api_key=api_key,
         marker=marker,
         runtime=runtime,
+        keep_logs=cfg.target.workdir is not None,  # else in the host's /tmp: removed when read
     )
     runner = TrialRunner(
         cfg,

@@ -35,6 +35,7 @@ from tuner.config import Timeouts
 from tuner.container_runtime import DirectRuntime, Runtime
 from tuner.endpoint import REACH_GRACE_S, DirectEndpoint, Endpoint, ReachWatch
 from tuner.errors import InfraError
+from tuner.hostlogs import HostLogs, remove
 from tuner.hosts.base import Host, mask_file_script
 from tuner.launch import MIN_MASKED_LEN, REDACTED, LaunchSpec, launch_program
 from tuner.preflight import port_held_error, setup_error
@@ -73,7 +74,8 @@ class Server:
     `marker` (e.g. one per study and worker) goes into every started server's environment, so
     `stop_strays` finds servers whose group was never recorded; `runtime` may be a container.
     `nvidia_smi` is the command used to read GPU facts and wait for memory release (skipped when
-    the host has no such command). `clock`/`sleep` are seams for tests.
+    the host has no such command). `keep_logs`: False when tuner chose where the logs go (they
+    are removed once fetched, `hostlogs`). `clock`/`sleep` are seams for tests.
     """
 
     reach_grace_s: float = REACH_GRACE_S  # the port listens, unreachable via the endpoint
@@ -89,6 +91,7 @@ class Server:
         marker: str | None = None,
         tail_lines: int = 40,
         runtime: Runtime | None = None,
+        keep_logs: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
@@ -100,6 +103,7 @@ class Server:
         self.marker = marker
         self.tail_lines = tail_lines
         self.runtime = runtime or DirectRuntime(host)
+        self.logs = HostLogs(host, keep_logs)
         self._clock = clock
         self._sleep = sleep
         self._running: _Running | None = None
@@ -135,6 +139,7 @@ class Server:
         """
         t0 = self._clock()
         stop_s = self.stop()
+        self.logs.sweep()  # the runner fetched the gone servers' logs when each ended
         t1 = self._clock()
         self._check_setup(spec)
         self._prepare(spec)
@@ -152,7 +157,7 @@ class Server:
         try:
             failed = self._wait_ready(spec)
         finally:
-            self._remove(files[1:])  # SGLang read its --config at start-up; do not keep secrets
+            remove(self.host, files[1:])  # SGLang read its --config at start: keep no secrets
         t4 = self._clock()
         if failed is not None:
             return self._result(failed, Timings(stop_s, t2 - t1, t3 - t2, t4 - t3, 0, t4 - t0))
@@ -233,10 +238,12 @@ class Server:
         return ServerDeath(cls, self._mask(reason), tuple(self._mask(x) for x in tail), code)
 
     def fetch_log(self, local_path: str) -> bool:
-        """Copy the current server's log to `local_path` (secrets masked); False without one."""
-        if self._running is None:
+        """Copy the current (or the last gone) server's log to `local_path`, secrets masked;
+        False without one."""
+        remote = self._running.log_path if self._running else self.logs.last
+        if remote is None:
             return False
-        self.host.fetch(self._running.log_path, local_path)
+        self.host.fetch(remote, local_path)
         if self._secrets:
             path = Path(local_path)
             path.write_text(self._mask(path.read_text(errors="replace")))
@@ -297,21 +304,14 @@ class Server:
         self._wait_gpu_free(self.runtime.remove(self.gpus))
         if self._running is run:
             self._running = None
-        self._remove(run.files)
+        remove(self.host, run.files)
+        self.logs.gone(run.log_path)
         if self._secrets and run.log_path:
             text = "\n".join(sorted(self._secrets, key=len, reverse=True)) + "\n"
             try:
                 self.host.run_shell(mask_file_script(run.log_path, REDACTED), stdin=text.encode())
             except InfraError as exc:  # the log stays 0600; masking is the second line
                 log.warning("%s: cannot mask %s: %s", self.host.name, run.log_path, exc)
-
-    def _remove(self, files: Sequence[str]) -> None:
-        if not files:
-            return
-        try:
-            self.host.run(["rm", "-f", "--", *files])
-        except InfraError as exc:  # the leader removes them too when the server ends
-            log.warning("%s: cannot remove %s: %s", self.host.name, ", ".join(files), exc)
 
     def _carries_marker(self, pgid: int) -> bool:
         if not self.marker:

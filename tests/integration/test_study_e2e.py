@@ -85,6 +85,8 @@ def test_demo_study_local(tmp_path: Path) -> None:
         d = runs / "e2e" / "trials" / str(t["trial"])
         if t["duplicate_of"] is None and t["status"] != "rejected":
             assert (d / "launch.txt").exists() or t["restarted"] is False
+    # the failed start's evidence copied beside its record, not only its last lines
+    assert "CUDA" in (runs / "e2e" / "trials" / "0" / "server.log").read_text()
     for pgid in server_groups(st, runs, "e2e"):
         assert_group_gone(pgid)
     check_best_yaml_starts(best)
@@ -92,6 +94,25 @@ def test_demo_study_local(tmp_path: Path) -> None:
     assert cmd.returncode == 0 and cmd.stdout.startswith(
         "python -m sglang.launch_server --model-path"
     )
+
+
+def test_without_a_workdir_the_host_s_tmp_is_left_as_found(tmp_path: Path) -> None:
+    """No target.workdir: the servers log to the host's /tmp (tuner chose the place), and each
+    log, .pid and .exit file is removed once copied to the trial's folder."""
+    name = f"e2e-notmp-{os.getpid()}-{time.monotonic_ns()}"  # its files in /tmp are its own
+    runs = tmp_path / "runs"
+    study = study_file(tmp_path, name, n_trials=2, target__workdir=None)
+    host_files = lambda: sorted(Path("/tmp").glob(f"tuner-{name}-trial*"))  # noqa: E731
+    try:
+        out = tuner("tune", str(study), "--runs-dir", str(runs))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert host_files() == []
+        logs = {p.parent.name: p.read_text() for p in (runs / name / "trials").glob("*/server.log")}
+        assert "CUDA" in logs["0"]  # the baseline's failed start (mfs 0.98)
+        assert "The server is fired up and ready to roll!" in logs["1"]
+    finally:
+        for path in host_files():
+            path.unlink()
 
 
 def test_changed_study_refused_on_resume(tmp_path: Path) -> None:
