@@ -103,6 +103,8 @@ class Attr(StrEnum):
     PROBE_OF = "probe_of"  # a neighbouring concurrency on the server this trial started
     PROBES_LEFT = "probes_left"
     BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
+    #: a world failure that came back the same way on every retry, counted as the config's
+    REPRODUCED = "reproduced"
     LOAD_POINTS = "load_points"  # the inner search's load runs on its server (reportruns.py)
     CLIENT = "inner_client"  # the client params the inner search chose (its best point's)
     #: the measured run's latency bins and request counts (pooled.tails_of; inner: the best

@@ -281,8 +281,9 @@ class Tuning:
             raise
         except TrialTimeout as exc:
             self._stop_quietly()
-            if self._retries_spent(trial):
-                return self.report(trial, self._reproduced(str(exc), "timeout"))
+            trial.set_user_attr(Attr.FAILURE, "timeout")  # what a retry must match
+            if self._retries_spent(trial) and self._same_each_time(trial, "timeout"):
+                return self.report(trial, self._reproduced(trial, str(exc), "timeout"))
             self._infra_failed(trial, str(exc))
             raise
         except InfraError as exc:
@@ -293,8 +294,12 @@ class Tuning:
 
     def report(self, trial: Trial, outcome: TrialOutcome) -> float | tuple[float, ...]:
         """Store the outcome on the trial and return its values; raise for a FAIL state."""
-        if outcome.status == Status.WORLD and self._retries_spent(trial):
-            outcome = self._reproduced(outcome.reason, outcome.failure, outcome)
+        if (
+            outcome.status == Status.WORLD
+            and self._retries_spent(trial)
+            and self._same_each_time(trial, outcome.failure)
+        ):
+            outcome = self._reproduced(trial, outcome.reason, outcome.failure, outcome)
         attrs = outcome.to_attrs()
         if outcome.restarted:
             self._pool = attrs.get(POOL_ATTR)
@@ -328,11 +333,24 @@ class Tuning:
         """This trial is the last retry its params get (budget.infra_retries)."""
         return int(trial.user_attrs.get(Attr.RETRIES, 0)) >= self.cfg.budget.infra_retries
 
+    def _same_each_time(self, trial: Trial, failure: str | None) -> bool:
+        """Every earlier try of these params (the retry chain) failed as `failure` did: a hang,
+        then a crash, then a timeout is a bad night, not a configuration that fails."""
+        attrs, by_number = trial.user_attrs, None
+        for _ in range(int(attrs.get(Attr.RETRIES, 0))):
+            by_number = by_number or {t.number: t for t in self.study.get_trials(deepcopy=False)}
+            prev = by_number.get(int(attrs.get(Attr.RETRY_OF, -1)))
+            if failure is None or prev is None or prev.user_attrs.get(Attr.FAILURE) != failure:
+                return False
+            attrs = prev.user_attrs
+        return True
+
     def _reproduced(
-        self, reason: str, failure: str | None, outcome: TrialOutcome | None = None
+        self, trial: Trial, reason: str, failure: str | None, outcome: TrialOutcome | None = None
     ) -> TrialOutcome:
-        """A server-side failure that came back on every retry of the same params: now it is
-        evidence against the configuration (it never ran), not a passing fault."""
+        """A server-side failure that came back the same way on every retry of the same params:
+        now it is evidence against the configuration (it never ran), not a passing fault."""
+        trial.set_user_attr(Attr.REPRODUCED, True)  # HaltOnRunaway: no proof the world works
         tries = self.cfg.budget.infra_retries + 1
         status = Status.DIED if outcome is not None and outcome.metrics else Status.START_FAILED
         kw: dict[str, Any] = {}

@@ -36,7 +36,11 @@ class DownServer(FakeServer):
 
     def restart(self, spec, log_path, on_launch=None):
         self.restarts.append(dict(spec.flags))
-        return self.fail(len(self.restarts))
+        result = self.fail(len(self.restarts))
+        if result is None:  # this one starts as FakeServer's do (which records it itself)
+            self.restarts.pop()
+            return super().restart(spec, log_path, on_launch)
+        return result
 
 
 def unreachable(n: int) -> StartResult:
@@ -75,6 +79,49 @@ def test_a_crash_without_evidence_is_retried_then_counts_as_the_configs(tmp_path
     assert last[Attr.STATUS] == Status.START_FAILED
     assert "failed the same way 3 times" in last[Attr.REASON] and last[Attr.FAILURE] == "crashed"
     assert named_constraints(trials[-1].constraints)["c_start"] > 0  # infeasible
+
+
+def test_three_different_world_failures_are_a_bad_night_not_the_configs(tmp_path: Path) -> None:
+    kinds = ["crashed", "timeout", "crashed"]  # a crash, a start not ready in time, a crash
+
+    def flaky(n: int) -> StartResult:
+        return StartResult(False, kinds[(n - 1) % 3], f"world fault {n}", pgid=4242)
+
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(flaky))
+    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
+    with pytest.raises(InfraRunaway, match="3 trials in a row"):
+        tuning.optimize(1, None)
+    trials = study.trials
+    assert [t.state for t in trials] == [TrialState.FAIL] * 3  # never recorded infeasible
+    assert all(t.params == trials[0].params for t in trials) and len(server.restarts) == 3
+    assert not any(Attr.REPRODUCED in t.user_attrs for t in trials)
+
+
+def test_configurations_that_all_fail_the_same_world_way_halt_the_study(tmp_path: Path) -> None:
+    def hang(n: int) -> StartResult:
+        return StartResult(False, "timeout", "not ready within 15 s; killed", pgid=4242)
+
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(hang))
+    with pytest.raises(InfraRunaway, match="3 configurations in a row failed the same way"):
+        tuning.optimize(20, None)
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    # each configuration: 2 retries, then counted as its own; the third such halts the night
+    assert len(done) == 3 and all(t.user_attrs[Attr.REPRODUCED] for t in done)
+    assert len(server.restarts) == 9
+
+
+def test_a_server_that_ran_resets_the_count_of_reproduced_failures(tmp_path: Path) -> None:
+    def hang_twice_in_three(n: int) -> StartResult:
+        if n % 9 == 0:  # every third configuration's last try starts: the world works
+            return None
+        return StartResult(False, "timeout", "not ready within 15 s; killed", pgid=4242)
+
+    server = DownServer(hang_twice_in_three)
+    cfg, study, server, tuning = setup(tmp_path, server=server)
+    tuning.optimize(6, None)  # no halt: two reproduced, one that ran, two reproduced, ...
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    flags = "".join("R" if t.user_attrs.get(Attr.REPRODUCED) else "." for t in done)
+    assert flags.startswith("RR.") and flags.count("R") >= 4 and "RRR" not in flags, flags
 
 
 def test_a_halt_keeps_the_params_for_the_resumed_run(tmp_path: Path) -> None:
