@@ -39,6 +39,7 @@ from tuner.study import (
     make_sampler,
     make_storage,
     open_study,
+    reseed_on_resume,
     storage_url,
     study_dir,
 )
@@ -185,6 +186,7 @@ def tune(
     seams = (make_seams or build_seams)(cfg, api_key, marker_for(cfg.study, worker, out_dir))
     try:
         study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)
+        reseed_on_resume(cfg, study, seed, worker)
         what = f"study '{cfg.study}' as worker '{worker}'"
         lock = lock_path(out_dir, worker)
         with WorkerLock(lock, what):

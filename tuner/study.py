@@ -8,6 +8,7 @@ the loop in tuning.py, the queries over its trials in results.py.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -261,6 +262,19 @@ def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
     if s.name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=s.n_startup_trials)
     return optuna.samplers.GridSampler(grid(cfg), seed=seed)
+
+
+def reseed_on_resume(cfg: StudyConfig, study: optuna.Study, seed: int | None, worker: str) -> None:
+    """A resumed run must not replay its seed's first draws: they proposed the study's first
+    trials, and each replay is a duplicate that counts toward n_trials. Its sampler's seed is
+    derived from the seed, the trials so far and the worker: still reproducible. A fresh
+    study keeps the seed as given (the same seed, the same first proposals)."""
+    base = cfg.sampler.seed if seed is None else seed
+    n = len(study.get_trials(deepcopy=False))
+    if base is None or n == 0:
+        return
+    digest = hashlib.sha256(f"{base}:{n}:{worker}".encode()).digest()
+    study.sampler = make_sampler(cfg, int.from_bytes(digest[:4], "big"))
 
 
 def directions(cfg: StudyConfig) -> list[str]:

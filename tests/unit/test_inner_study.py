@@ -137,3 +137,22 @@ def test_a_trial_timeout_too_short_for_the_inner_runs_is_warned_about(tmp_path: 
     assert trial_time_problem(parse_study(d, "long.yaml")) is None
     d["space"]["concurrency"] = {"choices": [8, 16]}
     assert trial_time_problem(parse_study(d, "joint.yaml")) is None
+
+
+def test_a_resumed_run_does_not_replay_the_seeds_first_proposals(tmp_path: Path) -> None:
+    """Each run of `tune` builds its sampler from the study file's seed; a resumed one that
+    replayed the seed's first random draws would re-propose the first trials as duplicates
+    (answered from the record, but counted toward n_trials: restarts the budget never runs)."""
+    data = demo()
+    data["sampler"]["n_startup_trials"] = 8  # every proposal below is a seeded random draw
+    first = [t.params for t in completed(run(tmp_path, data, n=3))]
+    assert len(first) == 3
+    resumed = run(tmp_path, data, n=6)
+    done = completed(resumed)
+    assert len(done) == 6
+    mfs = [round(t.params["mem-fraction-static"], 2) for t in done]
+    # trial 0 is the enqueued baseline, 1-2 the seed's first draws; 3-5 must be new draws (a
+    # chance repeat of one value among 19 is a sampler's right, the same sequence is a replay)
+    assert mfs[3:5] != mfs[1:3], mfs
+    fresh = run(tmp_path / "again", data, n=3)  # a fresh study: the seed as given
+    assert [t.params for t in completed(fresh)] == first
