@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -92,20 +93,40 @@ def _worker(value: str) -> str:
 
 @contextlib.contextmanager
 def interrupts() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C (the trial's cleanup runs); a second Ctrl-C exits at once."""
+    """SIGTERM behaves like Ctrl-C (the trial's cleanup runs); a second Ctrl-C exits at once.
+
+    The handler raises KeyboardInterrupt wherever the main thread is; inside a finalizer or a
+    weakref callback Python only prints it ("Exception ignored in") and the run went on, with
+    the next press then quitting without cleanup. So a swallowed one is delivered again.
+    """
     pressed = {"n": 0}
+    hook = sys.unraisablehook
 
     def on_signal(signum: int, frame: Any) -> None:
         pressed["n"] += 1
         if pressed["n"] > 1:
             os._exit(130)
-        print("tuner: stopping after cleanup (press Ctrl-C again to quit at once)", file=sys.stderr)
+        if not pressed.get("told"):
+            pressed["told"] = 1
+            print(
+                "tuner: stopping after cleanup (press Ctrl-C again to quit at once)",
+                file=sys.stderr,
+            )
         raise KeyboardInterrupt
 
+    def on_unraisable(u: Any) -> None:
+        if u.exc_type is not KeyboardInterrupt or pressed["n"] != 1:
+            return hook(u)
+        pressed["n"] = 0  # not delivered: the next delivery is still the first press
+        # from another thread, a moment later: outside the finalizer that swallowed it
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    sys.unraisablehook = on_unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for s, h in old.items():
             signal.signal(s, h)
 
