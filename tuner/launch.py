@@ -161,6 +161,11 @@ def server_log_path(workdir: str | None, study: str, number: int, trial_dir: str
     return f"{workdir or '/tmp'}/tuner-{study}-trial{number}-{tag}.log"
 
 
+def shown_command(argv: Sequence[str]) -> str:
+    """The launch as one shell line (secrets masked) that pastes back as the same argv."""
+    return shlex.join(redact_argv(argv))
+
+
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """argv with every secret flag's value masked (for logs, trial records and exports)."""
     out = list(argv)

@@ -51,7 +51,7 @@ from tuner.bench_names import trial_run_keys
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, TrialTimeout
 from tuner.innertrial import InnerSearch, died_at, inner_mode
-from tuner.launch import LaunchSpec, build_launch, redact_argv, server_log_path
+from tuner.launch import LaunchSpec, build_launch, server_log_path, shown_command
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import goodput
 from tuner.pooled import tails_of
@@ -397,7 +397,7 @@ class TrialRunner:
             self.env,
             target.workdir,
         )
-        (trial_dir / "launch.txt").write_text(" ".join(redact_argv(spec.argv)) + "\n")
+        (trial_dir / "launch.txt").write_text(shown_command(spec.argv) + "\n")
         self._running_key = None
         log = server_log_path(target.workdir, self.cfg.study, number, str(trial_dir.resolve()))
 

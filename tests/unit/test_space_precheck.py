@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
+
 import optuna
 import pytest
 import yaml
 
 from tuner import capacity as cap
-from tuner.launch import build_launch, flag_args, redact_argv, render_sglang_yaml
+from tuner.launch import build_launch, flag_args, redact_argv, render_sglang_yaml, shown_command
 from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.space import canonical, distributions, fingerprint, sample, server_flags
 from tuner.studyfile import parse_study
@@ -146,6 +148,8 @@ def test_launch_quotes_and_renders_like_sglang() -> None:
     assert "'x; touch /tmp/owned'" in cmd and "HF_HOME='/a b'" in cmd
     assert "--disable-radix-cache" not in cmd and "--cuda-graph-bs 1 2 4" in cmd
     assert "s3cret" not in " ".join(redact_argv(spec.argv))
+    shown = shown_command(spec.argv)  # trials/<n>/launch.txt: pastes back as the same argv
+    assert "s3cret" not in shown and shlex.split(shown) == redact_argv(spec.argv)
     text = render_sglang_yaml(spec.flags, ["header"])
     parsed = yaml.safe_load(text)
     assert parsed["enable-metrics"] is True and "api-key" not in parsed and parsed["port"] == 30123
