@@ -74,7 +74,7 @@ def _projection(inp: CapacityInputs, bpt: int) -> tuple[list[dict[str, Any]], st
     mfs_values = list(dict.fromkeys([*([inp.observed_mfs] if inp.observed_mfs else []), *inp.mfs]))
     rows = []
     for mfs in mfs_values:
-        tokens = cap.pool_tokens(mfs, free0, fixed, bpt, inp.page_size)
+        tokens = max(0, cap.pool_tokens(mfs, free0, fixed, bpt, inp.page_size))  # none, not < 0
         headroom = (1 - mfs) * free0 / cap.GIB
         row: dict[str, Any] = {
             "mfs": mfs,

@@ -893,6 +893,24 @@ def cases() -> list[Case]:
         ("cap-gpu-1e308", [*cap, "--gpu-mem-mib", "1e308"], "--gpu-mem-mib"),
         ("cap-tp-huge", [*cap, "--tp", "9" * 400], "--tp"),
         ("cap-hicache-frac", [*cap, "--hicache-size", "1.5"], "--hicache-size"),
+        (
+            "cap-weights-exceed-gpu",
+            [*cap, "--gpu-mem-mib", "1000", "--weights-gib", "500"],
+            "--weights-gib",
+        ),
+        (
+            "cap-observed-exceeds-gpu",
+            [
+                *cap,
+                "--gpu-mem-mib",
+                "1000",
+                "--observed-tokens",
+                "999999999",
+                "--observed-mfs",
+                "0.5",
+            ],
+            "--observed-tokens",
+        ),
         ("cap-model-latin1", ["capacity", "--model-config", "m.json"], "m.json"),
         ("cap-model-list", ["capacity", "--model-config", "l.json"], "l.json"),
     ):

@@ -94,6 +94,16 @@ def _check(args: argparse.Namespace) -> None:
             bad(flag, f"must be positive, got {value:g}")
     if args.weights_gib is not None and args.weights_gib < 0:
         bad("--weights-gib", f"must not be negative, got {args.weights_gib:g}")
+    if (
+        args.weights_gib is not None
+        and args.gpu_mem_mib
+        and args.weights_gib * 1024 >= args.gpu_mem_mib
+    ):
+        bad(
+            "--weights-gib",
+            f"{args.weights_gib:g} GiB of weights per GPU do not fit in --gpu-mem-mib "
+            f"{args.gpu_mem_mib:g} ({args.gpu_mem_mib / 1024:.1f} GiB)",
+        )
     for value in [*args.mfs, *([args.observed_mfs] if args.observed_mfs is not None else [])]:
         if not 0 < value < 1:
             bad(
@@ -120,6 +130,21 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.observed_kv_gb is not None and not args.naive:
         bad("--observed-kv-gb", "is the naive mode's rough figure: add --naive")
+
+
+def _check_observed(args: argparse.Namespace, bytes_per_token: int) -> None:
+    """An observed pool must fit in its share of the GPU: else the numbers are not one server's."""
+    if args.observed_tokens is None or args.observed_mfs is None or not args.gpu_mem_mib:
+        return
+    kv_gib = args.observed_tokens * bytes_per_token / 2**30
+    share_gib = args.observed_mfs * args.gpu_mem_mib / 1024
+    if kv_gib > share_gib:
+        raise ConfigError(
+            f"{args.observed_tokens:,} tokens x {bytes_per_token:,} B = {kv_gib:,.1f} GiB of KV "
+            f"cannot fit in mfs {args.observed_mfs:g} x {args.gpu_mem_mib:g} MiB "
+            f"({share_gib:,.1f} GiB): check the model config, --tp and --kv-dtype",
+            key="--observed-tokens",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         report = analyze(inputs)
     except ModelConfigError as exc:
         raise ConfigError(str(exc), file=args.model_config) from None
+    _check_observed(args, report["bytes_per_token"])
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
