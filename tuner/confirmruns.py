@@ -18,8 +18,11 @@ from typing import Any
 import optuna
 
 from tuner.config import ObjectiveSection
-from tuner.results import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned
+from tuner.results import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed
 from tuner.trial import TrialOutcome, objective_values
+
+#: + ":<worker>": [trials complete, extra confirmation rounds that worker ran at that count]
+ROUNDS_ATTR = "tuner:confirm_rounds"
 
 Tails = Mapping[str, Any] | None
 
@@ -42,6 +45,7 @@ class ConfirmRecord:
         self.study = study
         self.values_key = f"{CONFIRM_ATTR}:{worker}"
         self.tails_key = f"{CONFIRM_TAILS_ATTR}:{worker}"
+        self.rounds_key = f"{ROUNDS_ATTR}:{worker}"
         stored = study.user_attrs.get(self.tails_key) or {}
         self.values: dict[str, list[float]] = {
             k: list(v) for k, v in (study.user_attrs.get(self.values_key) or {}).items()
@@ -60,3 +64,15 @@ class ConfirmRecord:
         self.tails[str(number)].append(None if tails is None else dict(tails))
         self.study.set_user_attr(self.tails_key, self.tails)
         self.study.set_user_attr(self.values_key, self.values)
+
+    @property
+    def rounds(self) -> int:
+        """The extra rounds (budget.confirm_extra) this worker ran on the study's trials as they
+        are: a budget of the study, not of each `tune` (a re-run of a finished study only
+        re-exports); more trials since (a raised --n-trials) start it afresh."""
+        done, rounds = self.study.user_attrs.get(self.rounds_key) or (None, 0)
+        return int(rounds) if done == len(completed(self.study)) else 0
+
+    def add_round(self) -> None:
+        count = [len(completed(self.study)), self.rounds + 1]
+        self.study.set_user_attr(self.rounds_key, count)

@@ -431,7 +431,7 @@ class Tuning:
         try:
             for t in top_trials(self.study, top):
                 self._confirm_runs(t, record, repeats)
-            for _ in range(self.cfg.budget.confirm_extra if top else 0):
+            for _ in range(self.cfg.budget.confirm_extra - record.rounds if top else 0):
                 numbers = unsettled(self.study)
                 if not numbers:
                     break
@@ -440,6 +440,7 @@ class Tuning:
                     self._repeats = len(runs) + 1
                     t = self.study.get_trials(deepcopy=False)[number]  # numbers are indexes
                     self._confirm_runs(t, record, len(runs) + 1)
+                record.add_round()
         except InfraError as exc:
             # the study itself is done: export what is confirmed so far rather than nothing
             self.stats.infra_failures += 1

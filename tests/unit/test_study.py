@@ -421,6 +421,10 @@ def test_confirmation_reruns_a_winner_inside_the_noise(
     tuning.optimize(2, None)
     confirmations = tuning.confirm(top=2, repeats=1)
     assert sorted(len(v) for v in confirmations.values()) == [1 + extra_rounds] * 2
+    # the rounds are the study's budget, not each run's: confirming the same study again (a
+    # re-run of a finished `tune`) adds nothing however unsettled the winner stays
+    again = tuning.confirm(top=2, repeats=1)
+    assert sorted(len(v) for v in again.values()) == [1 + extra_rounds] * 2
 
 
 # --- latency tails: kept per run, pooled for the winner (pooled.py, confirmruns.py) ------------
