@@ -24,8 +24,11 @@ from tuner.configbase import (
     MAX_TRIALS,
     Duration,
     Model,
+    got,
+    merge_union,
     number_problem,
     parse_duration,
+    user_loc,
 )
 from tuner.container import ContainerSection
 from tuner.errors import ConfigError
@@ -151,8 +154,19 @@ class ParamSpec(Model):
             if kind == "categorical" and not self.choices:
                 raise ValueError("choices: expected a non-empty list")
             return self
+        if self.choices is not None and self.type in ("int", "float"):
+            raise ValueError(
+                f"type {self.type} takes low and high, not choices: drop type (a list of "
+                "choices is categorical) or give low and high"
+            )
         if self.low is None or self.high is None:
-            raise ValueError("expected low and high (or choices)")
+            raise ValueError(
+                "expected high as well as low"
+                if self.low is not None
+                else "expected low as well as high"
+                if self.high is not None
+                else "expected low and high (or choices)"
+            )
         if self.low >= self.high:
             raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
         if self.log and self.low <= 0:
@@ -321,6 +335,20 @@ class StudyConfig(Model):
     def _cross(self) -> StudyConfig:
         if "model-path" not in self.server and "model" not in self.server:
             raise ValueError("server: model-path is required (the model SGLang serves)")
+        for name in ("model-path", "model"):
+            value = self.server.get(name)
+            if name in self.server and not (isinstance(value, str) and value.strip()):
+                raise ValueError(
+                    f"server: {name}: expected the model's path or Hugging Face id "
+                    f"(got {_brief(value)})"
+                )
+        if found := self.workload.ignored_key():
+            raise ValueError(f"workload: {found[0]}: {found[1]}")
+        if self.workload.request_rate is not None and "request-rate" in self.space:
+            raise ValueError(
+                "workload: request_rate: is also searched under space.request-rate: "
+                "keep it in one place"
+            )
         for name, spec in self.space.items():
             if name in self.server:
                 raise ValueError(
@@ -411,13 +439,13 @@ def _render(err: dict[str, Any]) -> tuple[str, str]:
     elif err["type"] == "missing":
         msg = "required key is missing"
     elif "input" in err and err["type"].endswith(("_type", "_parsing", "finite_number")):
-        msg = f"{msg} (got {_brief(err['input'])})"
+        msg = f"{msg} {got(err['input'], _brief(err['input']))}"
     # cross-section messages name their own key ("space: x ...") when raised at the top level
     if not loc and ": " in msg and msg.split(": ", 1)[0] in StudyConfig.model_fields:
         section, msg = msg.split(": ", 1)
         loc = [section]
-    flag = re.match(r"^([a-z][a-z0-9-]*(?:\.[a-z_][a-z0-9_-]*)*): (.*)$", msg)
-    if loc in (["server"], ["space"], ["baseline"]) and flag:
+    flag = re.match(r"^([a-z][a-z0-9_-]*(?:\.[a-z_][a-z0-9_-]*)*): (.*)$", msg)
+    if loc in (["server"], ["space"], ["baseline"], ["workload"]) and flag:
         # a flag's own message ("hicache-size: ...") names it as part of the key path
         return f"{loc[0]}.{flag.group(1)}", flag.group(2)
     return ".".join(loc), msg
@@ -436,8 +464,13 @@ def parse_schema(data: Any, source: str = "<study>") -> StudyConfig:
     try:
         return StudyConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
-        key, msg = _render(exc.errors()[0])
-        extra = len(exc.errors()) - 1
+        # one problem per place in the file: a union's branches each report the same value
+        places: dict[tuple[str, ...], list[Any]] = {}
+        for err in exc.errors():
+            places.setdefault(tuple(user_loc(err["loc"], data)), []).append(err)
+        loc, errors = next(iter(places.items()))
+        key, msg = _render({**merge_union(errors), "loc": loc})
+        extra = len(places) - 1
         if extra:
             msg += f" (and {extra} more problem{'s' if extra > 1 else ''})"
         raise ConfigError(msg, file=source, key=key or None) from None

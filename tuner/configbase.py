@@ -3,6 +3,7 @@ bounds on numbers (a study file's value must not overflow the arithmetic it feed
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from typing import Annotated, Any
@@ -59,8 +60,10 @@ def _kind(value: Any) -> str:
 
 
 def number_problem(data: Any) -> tuple[list[str], str] | None:
-    """The key path and the problem of the first whole number beyond `MAX_INT` in parsed YAML,
-    or None. Containers are visited once each: an alias bomb is 10**9 items by reference."""
+    """The key path and the problem of the first value parsed YAML must not hold, or None: a
+    whole number beyond `MAX_INT`, a NUL byte in a string (a path, argument or environment value
+    holding one fails deep inside the OS call), a key that is not a string. Containers are
+    visited once each: an alias bomb is 10**9 items by reference."""
     seen: set[int] = set()
     stack: list[tuple[list[str], Any]] = [([], data)]
     while stack:
@@ -69,11 +72,97 @@ def number_problem(data: Any) -> tuple[list[str], str] | None:
             if id(node) in seen:
                 continue
             seen.add(id(node))
+            for key in node if isinstance(node, dict) else ():
+                if problem := _key_problem(key, path):
+                    return path, problem
             items = node.items() if isinstance(node, dict) else enumerate(node)
             stack.extend(([*path, str(k)], v) for k, v in reversed(list(items)))
+        elif isinstance(node, str) and "\x00" in node:
+            return path, f"{NUL}: expected text without one (got {node!r:.80})"
         elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_INT:
             return (
                 path,
                 f"expected a number of at most 2**53, got one of {len(str(abs(node)))} digits",
             )
     return None
+
+
+NUL = "contains a NUL byte (\\x00)"
+#: why YAML made a key that is not a string, for the keys YAML 1.1 reads as something else
+_KEY_HINTS = {
+    bool: "YAML 1.1 reads an unquoted yes, no, on, off, true or false as a boolean",
+    type(None): "YAML reads an unquoted ~, null or an empty key as null",
+    datetime.date: "YAML reads an unquoted date as a date",
+    datetime.datetime: "YAML reads an unquoted timestamp as a date and time",
+}
+
+
+def _key_problem(key: Any, path: list[str]) -> str | None:
+    if isinstance(key, str):
+        return f"key {key!r} {NUL}" if "\x00" in key else None
+    what = "a string flag name" if path in (["server"], ["space"], ["baseline"]) else "a string"
+    hint = _KEY_HINTS.get(type(key), "YAML reads an unquoted number as a number")
+    return f"key {key!r} must be {what} ({hint}): quote it"
+
+
+def user_loc(loc: tuple[Any, ...], data: Any) -> list[str]:
+    """pydantic's error location -> the key path in the user's mapping: the parts naming a union
+    branch or a validator (`str`, `int`, `list[...]`, `function-after[...]`, `[key]`) are not
+    keys the user wrote, and are dropped; a key the data lacks (a missing one) is kept."""
+    out: list[str] = []
+    node = data
+    for part in loc:
+        in_list = isinstance(node, list) and type(part) is int and 0 <= part < len(node)
+        if in_list or (isinstance(node, dict) and part in node):
+            node = node[part]
+        elif isinstance(part, str) and _BRANCH_RE.match(part):
+            continue
+        else:
+            node = None
+        out.append(str(part))
+    return out
+
+
+_BRANCH_RE = re.compile(
+    r"^(str|int|float|bool|bytes|none|\[key\]|[a-z-]+\[.*\]|"
+    r"(function|tagged-union|constrained|lax|json|is-instance|literal|union)\b.*)$"
+)
+#: a union's branches' type errors, merged into one expectation
+_EXPECTS = {
+    "string_type": "a string",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "a bool",
+    "bool_parsing": "a bool",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "none_required": "null",
+}
+
+
+def merge_union(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The errors pydantic gives at one location, one per branch of a union -> one error: the
+    expectation of every branch (`expected a string, a number or a bool`), or the first error
+    that is not a type mismatch (a value of the right type that a check refused)."""
+    if len(errors) == 1:
+        return errors[0]
+    for err in errors:
+        if err["type"] not in _EXPECTS:
+            return err
+    names = list(dict.fromkeys(_EXPECTS[e["type"]] for e in errors))
+    if "a number" in names and "a whole number" in names:
+        names.remove("a whole number")
+    expect = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return {**errors[0], "type": "union_type", "msg": f"expected {expect}"}
+
+
+def got(value: Any, brief: str) -> str:
+    """`(got VALUE)` for a type error, with YAML's reason when it typed a scalar by surprise."""
+    if isinstance(value, datetime.date):
+        return f"(got {brief}: {_KEY_HINTS.get(type(value), _KEY_HINTS[datetime.date])}; quote it)"
+    return f"(got {brief})"

@@ -10,6 +10,22 @@ from tuner.configbase import MAX_DURATION_S, MAX_TOKENS, Model
 
 #: warm-up requests run before each measurement, every trial: a few suffice
 MAX_WARMUP = 1_000
+#: key -> the kinds whose requests it shapes (tuner.workload builds them; the inner search's and
+#: the pre-check's estimates read input_len, output_len and range_ratio for every kind but
+#: shared-prefix's input_len). Given for another kind, a key would be ignored: it is refused.
+KINDS_OF_KEY = {
+    "input_len": ("random", "multi-turn", "sharegpt", "jsonl"),
+    "length_dist": ("random", "multi-turn"),
+    "lognormal_sigma": ("random", "multi-turn"),
+    "num_groups": ("shared-prefix",),
+    "prompts_per_group": ("shared-prefix",),
+    "prefix_len": ("shared-prefix",),
+    "question_len": ("shared-prefix", "multi-turn"),
+    "turns": ("multi-turn",),
+    "shuffle": ("shared-prefix", "sharegpt", "jsonl"),
+    "dataset": ("sharegpt", "jsonl"),
+    "dataset_output_len": ("sharegpt", "jsonl"),
+}
 
 
 class WorkloadSection(Model):
@@ -113,6 +129,28 @@ class WorkloadSection(Model):
         if kind in ("sharegpt", "jsonl") and not v:
             raise ValueError(f"a {kind} workload needs a dataset file")
         return v
+
+    def ignored_key(self) -> tuple[str, str] | None:
+        """(key, why) for the first key given explicitly that this kind of workload would
+        ignore, or None. Not a validator: `tuner bench` and tests build sections with every
+        key; a study file's section is checked with it (config.StudyConfig)."""
+        for key, kinds in KINDS_OF_KEY.items():
+            if key not in self.model_fields_set or getattr(self, key) is None:
+                continue
+            if self.kind not in kinds:
+                takes = " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds)
+                kind = self.kind if "kind" in self.model_fields_set else f"{self.kind} (default)"
+                return key, (
+                    f"kind {kind} ignores {key}, which applies to kind {takes}: "
+                    "drop it or set kind"
+                    + (" (its prompts are prefix_len + question_len)" if key == "input_len" else "")
+                )
+        if "lognormal_sigma" in self.model_fields_set and self.length_dist != "lognormal":
+            return "lognormal_sigma", (
+                f"applies to length_dist: lognormal only (length_dist is {self.length_dist}): "
+                "drop it or set length_dist"
+            )
+        return None
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSection:

@@ -57,7 +57,7 @@ def special_file(path: Path) -> str | None:
     file or a directory is left to the reader, which names it in its own words)."""
     try:
         mode = path.stat().st_mode
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path; the reader names it
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
@@ -76,6 +76,8 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError("no such file", file=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except ValueError:  # a NUL byte in the name
+        raise ConfigError("cannot read: the name holds a NUL byte", file=repr(str(path))) from None
     if len(raw) > MAX_YAML_BYTES:
         raise ConfigError(
             f"larger than {MAX_YAML_BYTES >> 20} MiB: not a study file", file=str(path)

@@ -80,6 +80,12 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def shared_prefix(data: dict[str, Any], **workload: Any) -> None:
+    """The demo's workload as shared-prefix traffic (its input_len is a random workload's)."""
+    data["workload"].pop("input_len", None)
+    data["workload"].update(kind="shared-prefix", **workload)
+
+
 def write_study(mutate: Callable[[dict[str, Any]], None] | None = None, name: str = "s.yaml"):
     """A setup that writes the base study, changed by `mutate`, as `name`."""
 
@@ -619,11 +625,7 @@ def cases() -> list[Case]:
             "prefix-pool",
             ["status", "s.yaml"],
             ("s.yaml", "workload.prefix_len"),
-            write_study(
-                lambda d: d["workload"].update(
-                    kind="shared-prefix", prefix_len=100_000, num_groups=512
-                )
-            ),
+            write_study(lambda d: shared_prefix(d, prefix_len=100_000, num_groups=512)),
             False,
         )
     )
@@ -1146,7 +1148,7 @@ def cases() -> list[Case]:
     )
 
     def many_groups(data: dict[str, Any]) -> None:
-        data["workload"].update(kind="shared-prefix", num_groups=10**7)
+        shared_prefix(data, num_groups=10**7)
 
     add(
         Case(
