@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import secrets
 import shlex
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,7 @@ import optuna
 
 from tuner.check.flagset import version_problems
 from tuner.config import StudyConfig
-from tuner.errors import TunerError
+from tuner.errors import InfraError, TunerError
 from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
 from tuner.results import (
     best_trial,
@@ -202,6 +206,43 @@ def write_best(cfg: StudyConfig, study: optuna.Study, out_dir: Path) -> tuple[Pa
     """Write the winner's launch config to `out_dir/best.yaml`; (path, text)."""
     text = render_yaml(export_data(cfg, study))
     path = out_dir / "best.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_text(path, text)
     return path, text
+
+
+def write_text(path: Path, text: str, *, newline: str | None = None) -> None:
+    """`text` to `path`, atomically (`write_atomic`)."""
+
+    def write(to: Path) -> None:
+        with to.open("w", newline=newline) as f:
+            f.write(text)
+
+    write_atomic(path, write)
+
+
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` a temporary file beside `path`, then rename it over `path`: a kill or a
+    full disk mid-write leaves the previous file whole, never a truncated one. A device or a
+    FIFO (/dev/stdout) is written in place; a symlink keeps pointing at the file it names.
+    A write that fails (no space, a folder gone) is an InfraError naming `path`, one line."""
+    try:
+        if path.exists() and not path.is_file():
+            write(path)
+            return
+        real = Path(os.path.realpath(path))
+        real.parent.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(real.stat().st_mode) if real.exists() else None
+        tmp = real.with_name(f".{real.name}.{secrets.token_hex(4)}.tmp")
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask's mode
+        try:
+            write(tmp)
+            with tmp.open("rb+") as f:
+                os.fsync(f.fileno())
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, real)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise InfraError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -85,7 +85,10 @@ def _compact(v: Any) -> str:
 
 
 def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
-    """The self-contained HTML report (tuner/reportpage.py)."""
+    """The self-contained HTML report (tuner/reportpage.py), written atomically: a failed
+    write leaves the previous report whole, and is one line (InfraError)."""
+    from tuner.export import write_atomic
     from tuner.reportpage import write_html as write_page
 
-    return write_page(cfg, study, path)
+    write_atomic(path, lambda to: write_page(cfg, study, to))
+    return path

@@ -19,7 +19,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from tuner.config import StudyConfig
-from tuner.errors import ConfigError, StudyMismatchError
+from tuner.errors import ConfigError, InfraError, StudyMismatchError
 from tuner.samplerspace import grid, require_packages
 from tuner.space import fingerprint
 from tuner.yamlfile import special_file
@@ -60,9 +60,15 @@ def _mask_userinfo(url: str) -> str:
     return f"{before}{slashes}{auth.split(':', 1)[0]}:***@{tail}"
 
 
+class DefaultURL(str):
+    """The URL `storage_url` made for runs/<study>/study.db: the one storage whose folder tuner
+    creates (a folder missing from a URL the user wrote is a typo, never made silently)."""
+
+
 def check_url(url: str, *, key: str, file: str | None = None) -> None:
     """Refuse a storage URL that cannot work: unparsable, an unknown dialect, a missing driver,
-    an in-memory SQLite, or a SQLite file that is empty, damaged or cannot be created."""
+    an in-memory SQLite, or a SQLite file that is empty, damaged or cannot be created (a user's
+    SQLite file must be in an existing folder; only the default one's folder is created)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -89,12 +95,16 @@ def check_url(url: str, *, key: str, file: str | None = None) -> None:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
             raise bad("an in-memory SQLite database loses the study: give a file, sqlite:////path")
-        check_sqlite_file(Path(parsed.database).absolute(), key=key, file=file)
+        path = Path(parsed.database).absolute()
+        check_sqlite_file(path, key=key, file=file, create_dirs=isinstance(url, DefaultURL))
 
 
-def check_sqlite_file(path: Path, *, key: str, file: str | None = None) -> None:
+def check_sqlite_file(
+    path: Path, *, key: str, file: str | None = None, create_dirs: bool = True
+) -> None:
     """An existing file must be a SQLite database (never treated as new: a 0-byte file is a
-    lost study, not a fresh one); a missing one must be creatable in a writable directory."""
+    lost study, not a fresh one); a missing one must be creatable in a writable directory,
+    which must exist unless `create_dirs` (the default runs/<study>/ only)."""
 
     def bad(message: str) -> ConfigError:
         return ConfigError(message, file=file, key=key)
@@ -119,6 +129,12 @@ def check_sqlite_file(path: Path, *, key: str, file: str | None = None) -> None:
                 f"not an optuna study; {_NOT_REPLACED}"
             )
         return
+    if not create_dirs and not path.parent.is_dir():
+        what = "is not a directory" if path.parent.exists() else "does not exist"
+        raise bad(
+            f"the folder of {path}, {path.parent}, {what}: tuner creates no folder for a "
+            "database you name (create it, or fix the path)"
+        )
     existing = path.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -190,7 +206,7 @@ def storage_url(cfg: StudyConfig, runs_dir: Path, override: str | None = None) -
         return url
     path = (study_dir(cfg, runs_dir) / "study.db").absolute()
     check_sqlite_file(path, key="--runs-dir")
-    return f"sqlite:///{path}"
+    return DefaultURL(f"sqlite:///{path}")
 
 
 def make_storage(url: str, infra_retries: int) -> RDBStorage:
@@ -198,17 +214,20 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
 
     A storage that refuses the connection, or a file that turns out damaged, is a ConfigError
     naming `--storage` (the URL's password masked); nothing is created before the URL checks.
+    Only the default runs/<study>/ folder (a `DefaultURL`) is created; a disk that is full is
+    the world's failure (InfraError), not a bad URL.
     """
     check_url(url, key="--storage")
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 20}}
-        try:
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot create the study's folder: {exc}", key="--runs-dir"
-            ) from None
+        if isinstance(url, DefaultURL):
+            try:
+                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot create the study's folder: {exc}", key="--runs-dir"
+                ) from None
     elif url.startswith("postgresql"):
         # an address nobody answers must not hang the command (libpq waits forever by default)
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
@@ -242,7 +261,19 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
     try:
         return create()
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
-        raise storage_error(url, exc.__cause__ or exc) from None
+        error = storage_error(url, exc.__cause__ or exc)
+        if DISK_FULL in error.detail:
+            raise InfraError(f"cannot write {_where(url)}: {DISK_FULL}") from None
+        raise error from None
+
+
+#: SQLite's words for a write that found no room (SQLITE_FULL)
+DISK_FULL = "database or disk is full"
+
+
+def _where(url: str) -> str:
+    """A storage URL as a message names it: a SQLite file by its path, others masked."""
+    return url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else masked(url)
 
 
 def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:

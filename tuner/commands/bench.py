@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from tuner.bench_names import BACKEND_ALIASES, BACKEND_NAME, DATASET_KINDS, backend_kind, run_keys
 from tuner.commands.common import output_file
 from tuner.config import MAX_CONCURRENCY, WorkloadSection
-from tuner.errors import ConfigError, HostUnreachable
+from tuner.errors import ConfigError, HostUnreachable, InfraError
 
 if TYPE_CHECKING:
     from tuner.loadgen import LoadOptions
@@ -363,10 +363,15 @@ def run(args: argparse.Namespace) -> int:
     }
     _print_summary(out)
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        from tuner.export import write_text
+
+        write_text(Path(args.json), json.dumps(out, indent=2) + "\n")
     if args.output_file:
-        with Path(args.output_file).open("a") as f:  # bench_serving appends one line per run
-            f.write(json.dumps(out) + "\n")
+        try:
+            with Path(args.output_file).open("a") as f:  # bench_serving appends a line per run
+                f.write(json.dumps(out) + "\n")
+        except OSError as exc:
+            raise InfraError(f"cannot write {args.output_file}: {exc.strerror or exc}") from None
     return 0
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from tuner.commands.common import writable_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--runs-dir",
         default="runs",
-        type=Path,
+        type=writable_dir,  # as `tuner tune` takes it: a check must not pass what tune refuses
         help="the runs folder `tuner tune` will use (which leftover servers are its own)",
     )
     p.set_defaults(run=run)

@@ -11,7 +11,14 @@ import os
 from pathlib import Path
 
 from tuner.config import StudyConfig
+from tuner.errors import ConfigError
 from tuner.studyfile import load_study
+
+#: the first bytes of every SQLite database (tuner.study.SQLITE_MAGIC; optuna stays unimported)
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: what tuner keeps in runs/<study>/ (folders, files): never a command's `-o`, except the
+#: command's own output there (export: best.yaml, report: report.html)
+OWN_FOLDERS, OWN_FILES = ("trials", "locks"), ("study.db", "best.yaml", "report.html")
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -54,7 +61,72 @@ def output_file(value: str) -> Path:
         raise argparse.ArgumentTypeError(f"directory {path.parent} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{value} is not writable")
+    if _is_sqlite(path):
+        raise argparse.ArgumentTypeError(
+            f"{value} is a SQLite database (a study?): tuner never writes over one, "
+            "give another file name"
+        )
     return path
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        if not path.is_file():  # a FIFO would block, a device is no database
+            return False
+        with path.open("rb") as f:
+            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def guard_output(args: argparse.Namespace, cfg: StudyConfig, *, own: str) -> None:
+    """Refuse an `-o` that would write over the study itself, before anything is read or
+    written: the study file, its SQLite database (and journals), or a file tuner keeps in
+    runs/<study>/, except `own`, the file this command itself writes there."""
+    if args.output is None:
+        return
+    from tuner.study import storage_url, study_dir
+
+    out = args.output.resolve()
+
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"{args.output} is {what}: give another file name", key="-o")
+
+    if _same(out, Path(args.study_file)):
+        raise refuse("the study file itself")
+    db = _sqlite_path(storage_url(cfg, args.runs_dir, args.storage))
+    if db is not None and any(
+        _same(out, db.with_name(db.name + end)) for end in ("", "-journal", "-wal", "-shm")
+    ):
+        raise refuse(f"the study's database ({db}), writing there would lose the study")
+    folder = study_dir(cfg, args.runs_dir).resolve()
+    if not out.is_relative_to(folder) or out == folder:
+        return
+    inside = out.relative_to(folder).parts
+    name = inside[0]
+    if name in OWN_FOLDERS:
+        raise refuse(f"in tuner's own {name}/ folder of study '{cfg.study}'")
+    if len(inside) == 1 and name in OWN_FILES and name != own:
+        raise refuse(f"tuner's own {name} of study '{cfg.study}'")
+
+
+def _same(a: Path, b: Path) -> bool:
+    """The same file: one path (symlinks resolved) or one inode (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _sqlite_path(url: str) -> Path | None:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return Path(parsed.database).absolute()
 
 
 def add_study_args(p: argparse.ArgumentParser, *, writes: bool = False) -> None:

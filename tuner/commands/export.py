@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tuner.commands.common import add_study_args, load, output_file
+from tuner.commands.common import add_study_args, guard_output, load, output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.study import existing_study
 
     cfg = load(args)
+    guard_output(args, cfg, own="best.yaml")
     study = existing_study(cfg, args.runs_dir, args.storage)
     if args.format == "csv":
         from tuner.trialrows import trial_rows, trials_csv
@@ -44,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"tuner export: warning: {warning}", file=sys.stderr)
         text = render(data, args.format)
     if args.output:
+        from tuner.export import write_text
+
         # newline="": the CSV's CRLF line ends stay as RFC 4180 has them
-        with args.output.open("w", newline="") as f:
-            f.write(text)
+        write_text(args.output, text, newline="")
     else:
         sys.stdout.write(text)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.commands.common import add_study_args, load, output_file
+from tuner.commands.common import add_study_args, guard_output, load, output_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.study import existing_study
 
     cfg = load(args)
+    guard_output(args, cfg, own="report.html")
     study = existing_study(cfg, args.runs_dir, args.storage)
     path = write_html(cfg, study, args.output or args.runs_dir / cfg.study / "report.html")
     print(path)
