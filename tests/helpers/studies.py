@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +51,13 @@ def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) 
     return path
 
 
-def tuner(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def tuner(*args: str, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python -m tuner ARGS` (this checkout's tuner, from any `cwd`)."""
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=REPO,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )

@@ -9,28 +9,16 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.studies import REPO
+from tests.helpers.studies import REPO, tuner
 
 pytestmark = pytest.mark.slow
 
 DEMO = REPO / "search_spaces" / "demo-sim.yaml"
-
-
-def tuner(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
 
 
 def one_line(r: subprocess.CompletedProcess) -> str:
