@@ -34,6 +34,7 @@ from tuner.config import StudyConfig
 from tuner.errors import HaltError, TunerError
 from tuner.launch import MIN_MASKED_LEN, REDACTED
 from tuner.results import best_trial, feasible_trials
+from tuner.storagefail import storage_failure
 from tuner.study import existing_study
 from tuner.trial import Attr, Status
 
@@ -65,7 +66,8 @@ def exit_code_of(exc: BaseException) -> int:
 def message_of(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C or SIGTERM); run the same command again to resume"
-    return str(exc) or type(exc).__name__
+    # a full disk reaches here as optuna's "Should not reach." assertion: say what it was
+    return storage_failure(exc, None) or str(exc) or type(exc).__name__
 
 
 def readable_study(cfg: StudyConfig, runs_dir: Path, storage: str | None) -> optuna.Study | None:

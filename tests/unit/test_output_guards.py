@@ -359,3 +359,19 @@ def test_a_default_folder_that_cannot_be_made_names_runs_dir(tmp_path: Path) -> 
     cfg, _ = study_in(tmp_path)
     with pytest.raises(ConfigError, match=r"^--runs-dir: "):
         storage_url(cfg, tmp_path / "afile" / "runs")
+
+
+def test_the_notification_of_a_full_disk_says_so_not_optunas_assertion() -> None:
+    from tuner.runsummary import message_of
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/runs/s/study.db")
+        except OSError:
+            raise AssertionError("Should not reach.")  # noqa: B904 (as optuna's code does)
+    except AssertionError as exc:
+        caught = exc
+    caught.__traceback__ = None  # not raised in optuna: only the disk in its chain counts
+    assert message_of(caught) == "Should not reach."  # a bug in tuner keeps its own words
+    full = OSError(errno.ENOSPC, "No space left on device", "/runs/s/study.db")
+    assert message_of(full) == "cannot write /runs/s/study.db: No space left on device"
