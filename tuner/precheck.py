@@ -155,6 +155,22 @@ def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) ->
     return cap.pool_tokens(float(mfs), free0, fixed, hw.bytes_per_token)
 
 
+#: what the calibration cannot see: the CUDA context (0.4-1 GiB) sits in the GPU memory the
+#: study states but not in what SGLang finds free, so a projection drifts by delta-mfs x this
+CONTEXT_SLACK_BYTES = cap.GIB
+
+
+def device_floor(mfs: float, tokens: int | None, bytes_per_token: int, know: Knowledge) -> int:
+    """A pool the server will surely have at `mfs`, for the rule "host pool larger than the
+    device pool": a rejection on an over-estimate would be a false cliff. Only a real start
+    (the calibration) gives one, less the drift of the CUDA context; weights alone give an upper
+    bound (nothing else counted), so no floor (0)."""
+    if tokens is None or know.calibration is None:
+        return 0
+    drift = abs(mfs - know.calibration[1]) * CONTEXT_SLACK_BYTES / bytes_per_token
+    return max(0, int(tokens - drift))
+
+
 def precheck(
     flags: Mapping[str, Any], hw: Hardware, know: Knowledge, concurrency: int | None = None
 ) -> Verdict:
@@ -177,7 +193,8 @@ def precheck(
     tp, dp = parallel_sizes(flags)
     host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
     if hw.bytes_per_token:
-        v = cap.hicache_verdict(float(size), hw.bytes_per_token, tokens or 0, host, tp, dp)
+        device = device_floor(float(mfs or 0), tokens, hw.bytes_per_token, know)
+        v = cap.hicache_verdict(float(size), hw.bytes_per_token, device, host, tp, dp)
         if not v.feasible:
             kind = "host_memory" if "host RAM" in v.reason or "exceeds" in v.reason else "crashed"
             return Verdict(False, f"hicache-size {size}: {v.reason}", kind)

@@ -10,7 +10,7 @@ import yaml
 
 from tuner import capacity as cap
 from tuner.launch import build_launch, flag_args, redact_argv, render_sglang_yaml, shown_command
-from tuner.precheck import Hardware, Knowledge, precheck
+from tuner.precheck import Hardware, Knowledge, precheck, projected_tokens
 from tuner.space import canonical, distributions, fingerprint, sample, server_flags
 from tuner.studyfile import parse_study
 
@@ -108,6 +108,27 @@ def test_precheck_host_pool_must_exceed_device_pool_once_calibrated() -> None:
     assert precheck(flags, KIMI, Knowledge()).feasible  # pool unknown: leave it to measurement
     v = precheck(flags, KIMI, know)
     assert not v.feasible and "not larger than the device pool" in v.reason
+
+
+def test_precheck_never_rejects_hicache_on_a_pool_it_only_bounds_from_above() -> None:
+    """Weights alone over-estimate the pool (nothing else counted, the total memory taken as
+    free): the baseline of a held-out profile (DeepSeek-V2-Lite on an L40S, --hicache-size 9)
+    was rejected as 'host pool not larger than the device pool' though it starts with 277,031
+    device tokens against 289,352 host ones. A real start's pool, less the CUDA context's
+    drift, is the only floor the rule may use."""
+    bpt = 27 * (512 + 64) * 2  # MLA, bf16
+    hw = Hardware(gpu_mem_mib=46_068, weights_gib=29.8, bytes_per_token=bpt, host_ram_gb=32)
+    flags = {"mem-fraction-static": 0.85, "hicache-size": 9}
+    assert projected_tokens(flags, hw, Knowledge()) > 289_352  # the over-estimate itself
+    assert precheck(flags, hw, Knowledge()).feasible
+    started = Knowledge().with_start(277_031, 0.85)  # the same mfs: no drift
+    assert precheck(flags, hw, started).feasible
+    assert not precheck({**flags, "hicache-size": 8}, hw, started).feasible  # 257k host tokens
+    # a start at 0.80 (its real pool): projected to 0.85 over the stated total memory, ~850
+    # tokens above the real 277,031; the floor takes ~1,700 of drift off
+    near = Knowledge().with_start(200_231, 0.80)
+    assert precheck(flags, hw, near).feasible
+    assert not precheck({**flags, "hicache-size": 8}, hw, near).feasible
 
 
 def test_precheck_no_pool_after_calibration() -> None:
