@@ -187,9 +187,16 @@ def test_not_enough_host_ram_for_hicache(tmp_path: Path) -> None:
     study = edit(
         study_file(tmp_path, "check-ram"), space={"hicache-size": {"low": 0, "high": 100000}}
     )
+    # the simulator's host RAM is its profile's: this machine's says nothing of it
+    assert by_name(run_checks(study))["host ram"].status == SKIP
+    bin_dir = fake_bin(tmp_path, "fake-sglang", FAKE_SGLANG)  # a real server's host: judged
+    edit(
+        study,
+        target={"launch": ["fake-sglang"], "env": {"PATH": f"{bin_dir}:{os.environ['PATH']}"}},
+    )
     lines = run_checks(study)
-    failed = only_fail(lines)
-    assert failed.name == "host ram" and "lower space.hicache-size.high to" in failed.detail
+    failed = by_name(lines)["host ram"]
+    assert failed.status == FAIL and "lower space.hicache-size.high to" in failed.detail
     assert by_name(lines)["capacity"].status == WARN  # the pre-check will reject the far end
 
 
