@@ -120,7 +120,15 @@ def test_a_prefill_oom_under_load_is_a_death_with_sglangs_message(tmp_path: Path
     assert "Prefill out of memory" in death.reason and death.exit_code == 137
     assert result.stopped == "error_budget" and not server.responsive(1.0)
     assert server.fetch_log(str(tmp_path / "server.log"))
-    assert "Received sigquit" in (tmp_path / "server.log").read_text()
+    log = (tmp_path / "server.log").read_text().splitlines()
+    assert "Received sigquit" in log[-1]
+    # SGLang logs a prefill batch before it runs it: the fatal one is the last line before the
+    # traceback, and it is the one past the profile's prefill OOM cliff
+    crash = next(i for i, line in enumerate(log) if "Scheduler hit an exception" in line)
+    assert "Prefill batch" in log[crash - 1], log[crash - 3 : crash + 1]
+    fatal = int(log[crash - 1].split("#new-token: ")[1].split(",")[0])
+    engine = server._srv.engine  # type: ignore[union-attr]
+    assert fatal > engine._s.params.oom_prefill_tokens
 
 
 def test_a_load_run_is_scored_as_the_http_path_scores_it() -> None:

@@ -300,6 +300,8 @@ class SimServer:
 
     def _print_crash(self, exc: BaseException) -> int:
         self.state = "crashed"  # handlers cancelled from here on are the server's, not clients'
+        for line in getattr(exc, "log_lines", ()):
+            self.log(line, scheduler=True)
         self.log("Scheduler hit an exception: Traceback (most recent call last):", scheduler=True)
         self.log(
             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1118, in event_loop_overlap',

@@ -8,10 +8,12 @@ OOM_MESSAGE = "Prefill out of memory. Try to lower your batch size."
 
 
 class EngineOOM(Exception):
-    """The simulated server dies: a prefill batch did not fit in GPU memory."""
+    """The simulated server dies: a prefill batch did not fit in GPU memory. `log_lines`: what
+    the fatal iteration logged first (SGLang logs the prefill batch before it runs it)."""
 
-    def __init__(self, message: str = OOM_MESSAGE):
+    def __init__(self, message: str = OOM_MESSAGE, log_lines: tuple[str, ...] = ()):
         super().__init__(message)
+        self.log_lines = log_lines
 
 
 class QueueFull(Exception):

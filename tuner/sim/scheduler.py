@@ -180,6 +180,19 @@ class Engine:
         s.pending = []
         if not s.running:
             s.batch_full = False  # an empty running batch is never full
+        try:
+            duration = self._iterate(out)
+        except EngineOOM as exc:  # the fatal batch's line, logged before it ran, is kept
+            exc.log_lines = tuple(out.logs)
+            raise
+        if not s.running and not s.chunked:
+            s.ratio.reset()  # SGLang resets the estimate when idle
+        s.clock += duration
+        return duration, out
+
+    def _iterate(self, out: StepOut) -> float:
+        """A prefill batch if one forms, else a decode step of the running batch."""
+        s = self._s
         duration = run_prefill(s, out)
         if duration is None:
             if s.shrunk:  # SGLang's update_running_batch: finished requests left the batch
@@ -189,10 +202,7 @@ class Engine:
                     duration = run_prefill(s, out)
             if duration is None:
                 duration = run_decode(s, out) if s.running else 0.0
-        if not s.running and not s.chunked:
-            s.ratio.reset()  # SGLang resets the estimate when idle
-        s.clock += duration
-        return duration, out
+        return duration
 
     # --- cache and gauges --------------------------------------------------------------------
 
