@@ -222,3 +222,21 @@ def test_bad_profile_is_one_line_naming_file_and_key(tmp_path, edit, fragment):
 def test_unknown_profile_name():
     with pytest.raises(InputFileError, match="no such simulator profile"):
         load_profile("no-such-profile")
+
+
+def test_a_profiles_relative_model_config_is_read_beside_the_profile(tmp_path, monkeypatch):
+    """A held-out profile kept with its own config.json works from any cwd (the server runs
+    from the study's workdir or /tmp): `model_config: ../cfg/m.json` is the profile's path."""
+    shipped = Path(load_profile("llama-3.1-8b-h100").source)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "m.json").write_text(
+        (shipped.parents[2] / "model_configs" / "llama-3.1-8b.json").read_text()
+    )
+    (tmp_path / "profiles").mkdir()
+    text = shipped.read_text().replace("model_config: llama-3.1-8b", "model_config: ../cfg/m.json")
+    assert "../cfg/m.json" in text
+    (tmp_path / "profiles" / "p.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path / "cfg")  # elsewhere: ../cfg/m.json is not found from here
+    assert (
+        load_profile(str(tmp_path / "profiles" / "p.yaml")).model_config["num_hidden_layers"] == 32
+    )

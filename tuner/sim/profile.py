@@ -142,8 +142,8 @@ def _load_model_config(file: str, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, str) or not value:
         raise InputFileError(file, "model_config: expected a model config name or a mapping")
     path = MODEL_CONFIGS_DIR / f"{value}.json"
-    if not path.is_file():
-        path = Path(value)
+    if not path.is_file():  # a path: a relative one is the profile's neighbour, not the cwd's
+        path = Path(file).parent / Path(value).expanduser()
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
