@@ -236,8 +236,8 @@ def test_a_profiles_relative_model_config_is_read_beside_the_profile(tmp_path, m
     text = shipped.read_text().replace("model_config: llama-3.1-8b", "model_config: ../cfg/m.json")
     assert "../cfg/m.json" in text
     (tmp_path / "profiles" / "p.yaml").write_text(text)
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")  # ../cfg/m.json from here is not the file
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")  # ../cfg/m.json from here: a/cfg, no such file
     assert (
         load_profile(str(tmp_path / "profiles" / "p.yaml")).model_config["num_hidden_layers"] == 32
     )
