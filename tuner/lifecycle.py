@@ -20,12 +20,9 @@ back (reasons, log lines, fetched logs, the host's log once the server is gone) 
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,12 +38,15 @@ from tuner.launch import MIN_MASKED_LEN, REDACTED, LaunchSpec, launch_program
 from tuner.preflight import port_held_error, setup_error
 from tuner.server_info import as_float, as_int, internal, mismatches
 from tuner.server_result import GpuInfo, ServerDeath, StartResult, Timings
-from tuner.sglang.failures import FailureClass, explain_failure
+from tuner.serverhttp import http_status, server_info
+from tuner.sglang.failures import FailureClass, evidence_tail, explain_failure
 
 __all__ = ["MARKER_VAR", "GpuInfo", "Server", "ServerDeath", "StartResult", "Timings"]
 
 #: the environment variable every server started with a marker carries (its whole group)
 MARKER_VAR = "TUNER_SERVER_MARKER"
+#: a dead server's log lines read for its evidence (access lines dropped, `tail_lines` kept)
+EVIDENCE_SCAN_LINES = 2000
 #: next to the log on the host: the launch script (0700) and the secret flags (0600)
 SCRIPT_SUFFIX = ".sh"
 SECRETS_SUFFIX = ".secrets.yaml"
@@ -372,21 +372,26 @@ class Server:
                 **base,
             )
         pid = info.get("pid")
-        # the answer came from a live server; only a reported pid lets us tell whose it is
-        known = isinstance(pid, int) and self.runtime.host_pids  # not a container's own pid
+        # the answer came from a live server: whose? SGLang reports no pid, so the port's
+        # listener tells (a container's pids are its own: not comparable)
+        pids = [pid] if isinstance(pid, int) else []
+        if not pids and self.runtime.host_pids:
+            pids = [p for p, _ in self.host.port_holders(spec.port)]
+        known = bool(pids) and self.runtime.host_pids
         members = self.host.group_pids(run.pgid) if known else [run.pgid]
         if not members:  # ours died between /health and now: a death, not a stale server
             code, tail = self._exit_and_tail(run.log_path)  # before a container is removed
             self._forget(run)
             cls, reason = explain_failure(code, tail)
             return StartResult(False, cls, reason, tuple(tail), run.pgid, code, run.log_path)
-        if known and pid not in members:
+        if known and not set(pids) & set(members):
             self._kill_group(run.pgid)
             self._forget(run)
             return StartResult(
                 False,
                 FailureClass.STALE_SERVER,
-                f"pid {pid} answering on port {spec.port} is not the one we started (pgid {run.pgid})",
+                f"pid {pids[0]} answering on port {spec.port} is not the one we started "
+                f"(pgid {run.pgid})",
                 **base,
             )
         facts = {
@@ -465,35 +470,16 @@ class Server:
             )
 
     def _exit_and_tail(self, log_path: str) -> tuple[int | None, list[str]]:
-        return self.runtime.exit_and_tail(log_path, self.tail_lines)
+        code, lines = self.runtime.exit_and_tail(log_path, EVIDENCE_SCAN_LINES)
+        return code, evidence_tail(lines, self.tail_lines)
 
     def _url(self, path: str) -> str:
         assert self._running is not None
         return self.endpoint.url(self._running.port) + path
 
-    def _request(self, path: str) -> urllib.request.Request:
-        req = urllib.request.Request(self._url(path))
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
-        return req
-
     def _http_status(self, path: str, timeout_s: float | None = None) -> int | None:
         limit = self.timeouts.http_s if timeout_s is None else timeout_s
-        try:
-            with urllib.request.urlopen(self._request(path), timeout=limit) as r:
-                return r.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except (OSError, ValueError):  # refused, reset, timed out: not up (yet)
-            return None
+        return http_status(self._url(path), self.api_key, limit)
 
     def _server_info(self) -> dict[str, Any] | None:
-        for path in ("/get_server_info", "/server_info"):
-            try:
-                with urllib.request.urlopen(self._request(path), timeout=self.timeouts.http_s) as r:
-                    data = json.loads(r.read())
-                if isinstance(data, dict):
-                    return data
-            except (OSError, ValueError):
-                continue
-        return None
+        return server_info(self._url(""), self.api_key, self.timeouts.http_s)

@@ -9,6 +9,10 @@ Speaks a few SGLang flags (unknown ones are an argparse error, exit 2) plus `--f
   --fake-report-pid N   expose `pid: N` in /get_server_info (default: this process's pid)
   --fake-child          keep a child process in the group (like SGLang's schedulers)
   --fake-ignore-term    ignore SIGTERM (to test the KILL escalation)
+  --fake-no-pid         report no pid in /get_server_info (as real SGLang does)
+  --fake-foreign FILE   first start a copy in a session of its own (another tenant's server,
+                        reporting no pid; its pid written to FILE), then start as usual: the
+                        port is taken, so this one fails to bind while the copy answers
 The argv it got is printed first, one JSON line, so tests can see every value arrived whole.
 """
 
@@ -79,12 +83,41 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-report-pid", type=int)
     p.add_argument("--fake-child", action="store_true")
     p.add_argument("--fake-ignore-term", action="store_true")
+    p.add_argument("--fake-no-pid", action="store_true")
+    p.add_argument("--fake-foreign")
     return p.parse_args(argv)
+
+
+def start_foreign(argv: list[str], pid_file: str, host: str, port: int) -> None:
+    """Another tenant's server on our port, outside our process group; back once it listens."""
+    i = argv.index("--fake-foreign")
+    rest = [*argv[:i], *argv[i + 2 :], "--fake-no-pid"]
+    other = subprocess.Popen(
+        [sys.executable, __file__, *rest],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    with open(pid_file, "w") as f:
+        f.write(str(other.pid))
+    import urllib.request
+
+    for _ in range(400):  # until it answers /health 200, as a ready server does
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    time.sleep(1.0)  # alive while the other answers: the caller's readiness poll sees its 200
 
 
 def main() -> int:
     print(json.dumps(sys.argv[1:]), flush=True)
     args = parse(sys.argv[1:])
+    if args.fake_foreign:
+        start_foreign(sys.argv[1:], args.fake_foreign, args.host, args.port)
     if args.fake_ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.fake_child:
@@ -102,7 +135,7 @@ def main() -> int:
         "status": "ready",
         "max_total_num_tokens": tokens,
         "version": "0.5.6.post2",
-        "pid": args.fake_report_pid or os.getpid(),
+        **({} if args.fake_no_pid else {"pid": args.fake_report_pid or os.getpid()}),
         "internal_states": [{"max_running_requests": args.max_running_requests or tokens // 2}],
     }
 

@@ -8,6 +8,7 @@ After every test no process of the groups it started is left (asserted by pgid).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -196,6 +197,24 @@ def test_answering_server_is_not_ours(tracker: Tracker) -> None:
     res = tracker.restart(fake_spec(free_port(), 0.8, "--fake-report-pid", "1"))
     assert res.failure == "stale_server"
     assert not alive(tracker.server)
+
+
+def test_another_tenants_server_answering_our_port_is_never_ours(
+    tracker: Tracker, tmp_path: Path
+) -> None:
+    """Two workers on one host and port: ours fails to bind while the other's answers /health
+    200 with the same flags and, as SGLang, no pid. Trusting it measured the other's server and
+    recorded false args mismatches; the port's listener shows it is not in our group."""
+    pid_file = tmp_path / "foreign.pid"
+    spec = fake_spec(free_port(), 0.8, "--fake-no-pid", "--fake-foreign", str(pid_file))
+    try:
+        res = tracker.restart(spec)
+        assert not res.ok, res
+        assert res.failure in ("port_in_use", "stale_server"), res
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_reused_pid_is_not_killed(any_host: Host, tmp_path: Path) -> None:

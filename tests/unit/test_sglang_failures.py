@@ -83,3 +83,26 @@ def test_the_extractor_is_a_tool_nothing_imports() -> None:
         if p.name != "extract.py" and "tuner.sglang.extract" in _imports(p)
     ]
     assert importers == []
+
+
+def test_the_evidence_of_a_death_is_found_under_the_access_log_that_followed_it() -> None:
+    """A death under load: SGLang's message, then the HTTP server answering 503 for a while.
+    A tail of the last 40 lines held only access lines (a 'crash' without evidence, the
+    world's); the evidence tail drops them and keeps the message (the configuration's)."""
+    from tuner.sglang.failures import evidence_tail
+
+    log = [
+        "[2026-12-03 18:52:07] Prefill batch, #new-seq: 4, #new-token: 4096, #cached-token: 0,",
+        "[2026-12-03 18:52:07] Scheduler hit an exception: Traceback (most recent call last):",
+        "RuntimeError: Prefill out of memory. Try to lower your batch size.",
+        "",
+        "[2026-12-03 18:52:07] Received sigquit from a child process. It usually means the child failed.",
+    ] + [
+        f'INFO:     127.0.0.1:{60000 + i} - "POST /generate HTTP/1.1" 503 Service Unavailable'
+        for i in range(160)
+    ]
+    assert explain_failure(137, log[-40:])[0] == FailureClass.CRASHED  # what 40 lines said
+    tail = evidence_tail(log, 40)
+    assert len(tail) == 5 and not any("POST /generate" in ln for ln in tail)
+    assert explain_failure(137, tail)[0] == FailureClass.OOM_RUNTIME
+    assert evidence_tail(["a", "b", "c"], 2) == ["b", "c"] and evidence_tail(["a"], 0) == []

@@ -98,6 +98,16 @@ def _bare_oom(lines: Sequence[str], oom: str) -> tuple[FailureClass, str]:
     return FailureClass.OOM_CUDA_GRAPH, oom.strip()
 
 
+#: uvicorn's per-request access line: after a scheduler's death the HTTP server can answer
+#: (503) for a while, and those lines bury SGLang's message past any short tail
+_ACCESS_LINE = re.compile(r'^INFO:\s+\S+ - "[A-Z]+ \S* HTTP/[\d.]+" \d{3}')
+
+
+def evidence_tail(lines: Sequence[str], keep: int) -> list[str]:
+    """The last `keep` lines of a log that can hold evidence (access lines dropped)."""
+    return [ln for ln in lines if not _ACCESS_LINE.match(ln)][-keep:] if keep > 0 else []
+
+
 def explain_failure(exit_code: int | None, log_tail: Sequence[str]) -> tuple[FailureClass, str]:
     """(failure class, the log line that shows it) for a server that exited or died."""
     lines = [ln.rstrip() for ln in log_tail]
