@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import BudgetSection, ParamSpec
 from tuner.results import completed, measured_before
-from tuner.trial import Attr, Status
+from tuner.trial import Attr, Status, retry_attrs
 
 #: a probe moves concurrency up (SLOs held) or down (missed) by this factor
 PROBE_FACTOR = 1.5
@@ -32,19 +32,18 @@ class RetryInfraFailures:
         if retries < self.max_retries:
             study.enqueue_trial(
                 dict(trial.params),
-                user_attrs={Attr.RETRIES: retries + 1, Attr.RETRY_OF: trial.number},
+                user_attrs=retry_attrs(
+                    trial.number, trial.user_attrs, **{Attr.RETRIES: retries + 1}
+                ),
             )
 
 
 class HaltOnRunaway:
-    """Stop the study when `limit` trials of this worker in a row failed for the world's reasons,
-    or `limit` configurations in a row each failed the same world way on every retry.
+    """Stop the study when `limit` trials of this worker in a row failed for the world's reasons.
 
     Failed trials do not count toward `n_trials`, so without this bound an unreachable host
-    turns the night into thousands of failed trials. Any completed trial resets the first count.
-    A reproduced failure completes its trial (counted as the configuration's), so a host where
-    every start hangs would otherwise spend `n_trials` x the retries on false cliffs; only a
-    trial whose server ran (measured, or failed with SGLang's evidence) resets that count.
+    turns the night into thousands of failed trials. Any completed trial resets the count (a
+    world failure counts as the configuration's only on a host known to work: reproduce.py).
     `optuna.Study.stop` ends the loop after this trial; `halted` says why, for the caller to raise.
     """
 
@@ -52,27 +51,13 @@ class HaltOnRunaway:
         self.limit = limit
         self.worker = worker
         self.count = 0
-        self.reproduced = 0
         self.halted: str | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        a = trial.user_attrs
-        if a.get(Attr.WORKER) not in (None, self.worker):
+        if trial.user_attrs.get(Attr.WORKER) not in (None, self.worker):
             return
         if trial.state == TrialState.COMPLETE:
             self.count = 0
-            if a.get(Attr.REPRODUCED):
-                self.reproduced += 1
-            elif Attr.DUPLICATE_OF not in a and a.get(Attr.STATUS) != Status.REJECTED:
-                self.reproduced = 0  # a server ran: the world works
-            if self.reproduced >= self.limit:
-                self.halted = (
-                    f"{self.reproduced} configurations in a row failed the same way on every "
-                    "retry without SGLang's evidence against their flags: the host is the likely "
-                    f"cause (budget.max_consecutive_infra_failures = {self.limit}); last: "
-                    f"{str(a.get(Attr.REASON))[:300]}"
-                )
-                study.stop()
             return
         if trial.state != TrialState.FAIL or Attr.INFRA_ERROR not in trial.user_attrs:
             return

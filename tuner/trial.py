@@ -126,6 +126,16 @@ OUTCOME_ATTRS = (
 )
 
 
+def retry_attrs(number: int, attrs: Mapping[str, Any], **more: Any) -> dict[str, Any]:
+    """The user attributes a re-enqueued try of trial `number` starts with: what it retries,
+    and whether it is the baseline (which a resumed run must still measure)."""
+    return {
+        Attr.RETRY_OF: number,
+        **more,
+        **({Attr.BASELINE: True} if attrs.get(Attr.BASELINE) else {}),
+    }
+
+
 def full_params(params: Mapping[str, Any], attrs: Mapping[str, Any]) -> dict[str, Any]:
     """A trial's params plus the client params its inner search chose (none in joint mode)."""
     return {**params, **(attrs.get(Attr.CLIENT) or {})}

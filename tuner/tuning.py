@@ -49,6 +49,7 @@ from tuner.errors import (
 )
 from tuner.innertrial import sampled_space
 from tuner.progress import TrialStarted
+from tuner.reproduce import counts_as_configs
 from tuner.results import (
     completed,
     measured_before,
@@ -68,6 +69,7 @@ from tuner.trial import (
     failed_outcome,
     full_params,
     named_constraints,
+    retry_attrs,
 )
 
 IDENTITY_ATTR = "tuner:server_identity"
@@ -200,7 +202,7 @@ class Tuning:
                 self.study.tell(t.number, state=TrialState.FAIL)
             # an enqueued trial (the baseline, a retry) keeps what it was queued with
             params = {**(t.system_attrs.get("fixed_params") or {}), **t.params}
-            self.study.enqueue_trial(params, user_attrs={Attr.RETRY_OF: t.number})
+            self.study.enqueue_trial(params, user_attrs=retry_attrs(t.number, t.user_attrs))
             recovered.append(t.number)
         self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return recovered
@@ -208,7 +210,7 @@ class Tuning:
     def enqueue_baseline(self, gpu_mem_mib: float | None = None) -> None:
         """Trial 0 is what runs today: the study file's baseline, else SGLang's defaults (the
         sampler picks whatever neither gives, such as the client's concurrency)."""
-        if self.study.trials:
+        if self.study.trials and not self._baseline_lost():
             return
         if self.cfg.baseline:
             params = active_params(self.cfg.baseline, sampled_space(self.cfg))
@@ -220,6 +222,13 @@ class Tuning:
             return  # the grid sampler takes an enqueued trial only whole: its own cells run
         if params:
             self.study.enqueue_trial(params, user_attrs={Attr.BASELINE: True})
+
+    def _baseline_lost(self) -> bool:
+        """No try of the baseline completed, waits or runs (world failures spent them)."""
+        return not any(
+            t.user_attrs.get(Attr.BASELINE) and t.state != TrialState.FAIL
+            for t in self.study.get_trials(deepcopy=False)
+        )
 
     def remaining(self, n_trials: int) -> int:
         return max(0, n_trials - len(completed(self.study)))
@@ -277,7 +286,9 @@ class Tuning:
                 )
         except (HaltError, SetupError, KeyboardInterrupt):
             # the run stops; the params are not the culprit, so they run again on resume
-            self.study.enqueue_trial(dict(params), user_attrs={Attr.RETRY_OF: trial.number})
+            self.study.enqueue_trial(
+                dict(params), user_attrs=retry_attrs(trial.number, trial.user_attrs)
+            )
             raise
         except TrialTimeout as exc:
             self._stop_quietly()
@@ -334,23 +345,16 @@ class Tuning:
         return int(trial.user_attrs.get(Attr.RETRIES, 0)) >= self.cfg.budget.infra_retries
 
     def _same_each_time(self, trial: Trial, failure: str | None) -> bool:
-        """Every earlier try of these params (the retry chain) failed as `failure` did: a hang,
-        then a crash, then a timeout is a bad night, not a configuration that fails."""
-        attrs, by_number = trial.user_attrs, None
-        for _ in range(int(attrs.get(Attr.RETRIES, 0))):
-            by_number = by_number or {t.number: t for t in self.study.get_trials(deepcopy=False)}
-            prev = by_number.get(int(attrs.get(Attr.RETRY_OF, -1)))
-            if failure is None or prev is None or prev.user_attrs.get(Attr.FAILURE) != failure:
-                return False
-            attrs = prev.user_attrs
-        return True
+        """reproduce.py: every try failed as `failure`, on a host known to work before."""
+        trials = self.study.get_trials(deepcopy=False)
+        return counts_as_configs(trials, trial.user_attrs, failure, self.worker)
 
     def _reproduced(
         self, trial: Trial, reason: str, failure: str | None, outcome: TrialOutcome | None = None
     ) -> TrialOutcome:
         """A server-side failure that came back the same way on every retry of the same params:
         now it is evidence against the configuration (it never ran), not a passing fault."""
-        trial.set_user_attr(Attr.REPRODUCED, True)  # HaltOnRunaway: no proof the world works
+        trial.set_user_attr(Attr.REPRODUCED, True)  # no proof the host works (reproduce.py)
         tries = self.cfg.budget.infra_retries + 1
         status = Status.DIED if outcome is not None and outcome.metrics else Status.START_FAILED
         kw: dict[str, Any] = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.unit.test_study import FakeServer, setup
+from tests.unit.test_study import STUDY, FakeServer, setup
 from tuner.errors import (
     HostUnreachable,
     InfraRunaway,
@@ -64,19 +64,30 @@ def test_a_completed_trial_resets_the_runaway_count(tmp_path: Path) -> None:
     assert states.count(TrialState.COMPLETE) == 3 and states.count(TrialState.FAIL) == 4
 
 
-def test_a_crash_without_evidence_is_retried_then_counts_as_the_configs(tmp_path: Path) -> None:
-    def crash(n: int) -> StartResult:
+class CrashAt(FakeServer):
+    """Starts as FakeServer does, except at mem-fraction-static `mfs`: a crash, no evidence."""
+
+    def __init__(self, mfs: float):
+        super().__init__()
+        self.mfs = mfs
+
+    def restart(self, spec, log_path, on_launch=None):
+        if float(spec.flags.get("mem-fraction-static", 0)) != self.mfs:
+            return super().restart(spec, log_path, on_launch)
+        self.restarts.append(dict(spec.flags))
         return StartResult(False, "crashed", "exit code 139: Segmentation fault", pgid=4242)
 
-    cfg, study, server, tuning = setup(tmp_path, server=DownServer(crash))
-    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
-    tuning.optimize(1, None)
-    trials = study.trials
+
+def test_a_crash_without_evidence_is_retried_then_counts_as_the_configs(tmp_path: Path) -> None:
+    cfg, study, server, tuning = setup(tmp_path, server=CrashAt(0.9))
+    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})  # the host works
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 32})
+    tuning.optimize(8, None)  # probes of the first server may come before the retries
+    trials = [t for t in study.trials if t.params.get("mem-fraction-static") == 0.9]
     # retried budget.infra_retries (2) times as the world's failure, then recorded as the config's
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
-    assert all(t.params == trials[0].params for t in trials)
     last = trials[-1].user_attrs
-    assert last[Attr.STATUS] == Status.START_FAILED
+    assert last[Attr.STATUS] == Status.START_FAILED and last[Attr.REPRODUCED]
     assert "failed the same way 3 times" in last[Attr.REASON] and last[Attr.FAILURE] == "crashed"
     assert named_constraints(trials[-1].constraints)["c_start"] > 0  # infeasible
 
@@ -97,31 +108,42 @@ def test_three_different_world_failures_are_a_bad_night_not_the_configs(tmp_path
     assert not any(Attr.REPRODUCED in t.user_attrs for t in trials)
 
 
-def test_configurations_that_all_fail_the_same_world_way_halt_the_study(tmp_path: Path) -> None:
+def test_a_host_broken_from_the_start_halts_without_writing_a_cliff(tmp_path: Path) -> None:
+    """Every start hangs: the same failure three times, but no server ever ran on this host, so
+    it is not the configuration's (a cliff that would outlive the host's repair): the tries stay
+    failed and the runaway halt stops the night; once the host works the baseline runs."""
+
     def hang(n: int) -> StartResult:
         return StartResult(False, "timeout", "not ready within 15 s; killed", pgid=4242)
 
-    cfg, study, server, tuning = setup(tmp_path, server=DownServer(hang))
-    with pytest.raises(InfraRunaway, match="3 configurations in a row failed the same way"):
+    data = {**STUDY, "baseline": {"mem-fraction-static": 0.86, "concurrency": 32}}
+    cfg, study, server, tuning = setup(tmp_path, data, server=DownServer(hang))
+    tuning.enqueue_baseline()
+    with pytest.raises(InfraRunaway, match="3 trials in a row"):
         tuning.optimize(20, None)
-    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    # each configuration: 2 retries, then counted as its own; the third such halts the night
-    assert len(done) == 3 and all(t.user_attrs[Attr.REPRODUCED] for t in done)
-    assert len(server.restarts) == 9
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 3 and len(server.restarts) == 3
+    assert not any(Attr.REPRODUCED in t.user_attrs for t in study.trials)
+    assert all(t.user_attrs.get(Attr.BASELINE) for t in study.trials)  # its retries, spent
+    # the host is fixed; the same command again: the baseline is measured, not forgotten
+    fixed = setup(tmp_path, data, server=FakeServer())[3]
+    fixed.enqueue_baseline()
+    fixed.optimize(1, None)
+    done = [t for t in fixed.study.trials if t.state == TrialState.COMPLETE]
+    assert done and done[0].user_attrs.get(Attr.BASELINE)
+    assert done[0].params == study.trials[0].params
 
 
-def test_a_server_that_ran_resets_the_count_of_reproduced_failures(tmp_path: Path) -> None:
-    def hang_twice_in_three(n: int) -> StartResult:
-        if n % 9 == 0:  # every third configuration's last try starts: the world works
-            return None
+def test_a_host_that_breaks_mid_night_costs_at_most_one_false_cliff(tmp_path: Path) -> None:
+    def breaks_after_first(n: int) -> StartResult | None:
+        if n == 1:
+            return None  # the first server starts: the host works
         return StartResult(False, "timeout", "not ready within 15 s; killed", pgid=4242)
 
-    server = DownServer(hang_twice_in_three)
-    cfg, study, server, tuning = setup(tmp_path, server=server)
-    tuning.optimize(6, None)  # no halt: two reproduced, one that ran, two reproduced, ...
-    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    flags = "".join("R" if t.user_attrs.get(Attr.REPRODUCED) else "." for t in done)
-    assert flags.startswith("RR.") and flags.count("R") >= 4 and "RRR" not in flags, flags
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(breaks_after_first))
+    with pytest.raises(InfraRunaway, match="3 trials in a row"):
+        tuning.optimize(20, None)
+    reproduced = [t for t in study.trials if t.user_attrs.get(Attr.REPRODUCED)]
+    assert len(reproduced) == 1  # the first chain after the break, then no more proof
 
 
 def test_a_halt_keeps_the_params_for_the_resumed_run(tmp_path: Path) -> None:
