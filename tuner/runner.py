@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.bench_names import trial_run_keys
 from tuner.config import StudyConfig
-from tuner.errors import ConfigError, TrialTimeout
+from tuner.errors import ConfigError, InfraError, TrialTimeout
 from tuner.innertrial import InnerSearch, died_at, inner_mode
 from tuner.launch import LaunchSpec, build_launch, server_log_path, shown_command
 from tuner.lifecycle import ServerDeath, StartResult
@@ -466,8 +466,8 @@ class TrialRunner:
         return None
 
     def _save_log(self, trial_dir: Path) -> None:
-        # a missing log is evidence lost, not a reason to fail the trial
-        with contextlib.suppress(OSError):
+        # a missing log is evidence lost, not a reason to fail the trial (nor is a host without
+        with contextlib.suppress(OSError, InfraError):  # SFTP, or a copy the link dropped)
             self.server.fetch_log(str(trial_dir / "server.log"))
 
     @staticmethod

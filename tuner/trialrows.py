@@ -54,7 +54,10 @@ def trial_rows(cfg: StudyConfig, study: optuna.Study) -> list[dict[str, Any]]:
     best, _ = best_trial(study)
     pool: Any = None  # the KV pool of the last server a trial started (reused ones share it)
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    # a trial stopped mid-way (Ctrl-C, a kill) records nothing itself: its re-queued try says
+    again = {t.user_attrs.get(Attr.RETRY_OF): t.number for t in trials}
+    for t in trials:
         a = t.user_attrs
         status = a.get(Attr.STATUS) or ""
         measured = status in (Status.OK, Status.SLO_MISSED)
@@ -65,6 +68,11 @@ def trial_rows(cfg: StudyConfig, study: optuna.Study) -> list[dict[str, Any]]:
         # inner mode: the concurrency the trial's search chose, as if it had been sampled
         raw = full_params(dict(t.params) or dict(t.system_attrs.get("fixed_params") or {}), a)
         reason = a.get(Attr.REASON) or a.get(Attr.INFRA_ERROR) or ""
+        if not reason and t.state.name == "FAIL":
+            retry = again.get(t.number)
+            reason = "stopped before it ended (interrupted or killed)" + (
+                f"; its params ran again as #{retry}" if retry is not None else ""
+            )
         if a.get(Attr.DUPLICATE_OF) is not None:
             reason = f"same config as #{a[Attr.DUPLICATE_OF]}" + (f": {reason}" if reason else "")
         complete = t.state.name == "COMPLETE"

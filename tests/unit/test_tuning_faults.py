@@ -275,3 +275,25 @@ def test_others_alive_sees_only_held_locks(tmp_path: Path) -> None:
         with WorkerLock(other, "b"):
             assert others_alive(mine)
         assert other.exists() and not others_alive(mine)  # a released lock is a dead worker
+
+
+def test_a_trial_stopped_mid_way_says_so_in_the_status(tmp_path: Path) -> None:
+    from tuner.trialrows import trial_rows
+
+    def interrupted(n: int) -> StartResult | None:
+        if n == 1:
+            raise KeyboardInterrupt  # Ctrl-C during the start
+        return None
+
+    cfg, study, server, tuning = setup(tmp_path, server=DownServer(interrupted))
+    study.enqueue_trial({"mem-fraction-static": 0.86, "concurrency": 32})
+    with pytest.raises(KeyboardInterrupt):
+        tuning.optimize(2, None)
+    tuning.optimize(2, None)  # the same command again
+    rows = {r["trial"]: r for r in trial_rows(cfg, study)}
+    assert rows[0]["state"] == "FAIL"
+    assert (
+        rows[0]["reason"]
+        == "stopped before it ended (interrupted or killed); its params ran again as #1"
+    )
+    assert rows[1]["state"] == "COMPLETE" and rows[1]["params"] == rows[0]["params"]
