@@ -24,7 +24,8 @@ from tuner.endpoint import Endpoint
 from tuner.errors import ConfigError, HostUnreachable, InfraError, ModelConfigError
 from tuner.export import write_best
 from tuner.innertrial import trial_time_problem
-from tuner.lifecycle import Server
+from tuner.launch import server_log_path
+from tuner.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
 from tuner.loadgen import LoadProgress, LoadResult, load_options, run_load_sync
 from tuner.loadwindow import short_window
 from tuner.modelcfg import load_model_config
@@ -254,6 +255,7 @@ def _run(
         events.say(
             f"resumed: trials {result.recovered} were left running; their params are queued again"
         )
+        sweep_lost_logs(cfg, seams, tuning)
     tuning.enqueue_baseline(cfg.hardware.gpu_mem_mib)
     budget = cfg.budget
     timeout_s = timeout_s or budget.timeout
@@ -273,6 +275,24 @@ def _run(
         events.say(confirming(budget.confirm_top, n))
         tuning.confirm(budget.confirm_top, n)
         result.confirm_error = tuning.confirm_error
+
+
+def sweep_lost_logs(cfg: StudyConfig, seams: Seams, tuning: Tuning) -> None:
+    """A killed run never removed its servers' files from the host's /tmp (hostlogs.py): its
+    servers are stopped by now, so this worker's trials' files go (none of them is running)."""
+    logs = getattr(seams.server, "logs", None)  # a virtual server writes none
+    if logs is None or logs.keep or not tuning.trials_dir.is_dir():
+        return
+    trials = tuning.study.get_trials(deepcopy=False)
+    # every start has a folder (trials/<n>, trials/<n>-confirm<k>), its log's name a hash of it
+    for folder in tuning.trials_dir.iterdir():
+        number = folder.name.split("-", 1)[0]
+        if not number.isdigit() or int(number) >= len(trials):
+            continue
+        if trials[int(number)].user_attrs.get(Attr.WORKER) in (None, tuning.worker):
+            log_path = server_log_path(None, cfg.study, int(number), str(folder.resolve()))
+            logs.gone(log_path, also=(SCRIPT_SUFFIX, SECRETS_SUFFIX))
+    logs.sweep()
 
 
 def judge_by_available_ram(seams: Seams, events: Events) -> None:

@@ -26,11 +26,13 @@ class HostLogs:
         self.last: str | None = None  # the newest gone server's log: still to be fetched
         self._spent: list[str] = []
 
-    def gone(self, log_path: str) -> None:
-        """The server writing `log_path` ended: its log stays readable until `sweep`."""
+    def gone(self, log_path: str, also: Sequence[str] = ()) -> None:
+        """The server writing `log_path` ended: its log stays readable until `sweep`; `also`:
+        more suffixes of its files (a run killed mid-start may have left its launch files)."""
         self.last = log_path or None  # "": a server adopted from an earlier run, no log known
         if log_path and not self.keep:
-            self._spent += [log_path, log_path + PID_SUFFIX, log_path + EXIT_SUFFIX]
+            suffixes = ("", PID_SUFFIX, EXIT_SUFFIX, *also)
+            self._spent += [log_path + suffix for suffix in suffixes]
 
     def sweep(self) -> None:
         """Remove the gone servers' files (their logs were fetched when they ended)."""
@@ -40,9 +42,13 @@ class HostLogs:
 
 def remove(host: Host, files: Sequence[str]) -> None:
     """`rm -f` on the host; a failure is only a warning (tuner's files, not the user's)."""
-    if not files:
-        return
-    try:
-        host.run(["rm", "-f", "--", *files])
-    except InfraError as exc:
-        log.warning("%s: cannot remove %s: %s", host.name, ", ".join(files), exc)
+    for i in range(0, len(files), RM_BATCH):  # a long study's files: argv stays short
+        batch = files[i : i + RM_BATCH]
+        try:
+            host.run(["rm", "-f", "--", *batch])
+        except InfraError as exc:
+            log.warning("%s: cannot remove %s: %s", host.name, ", ".join(batch), exc)
+
+
+#: paths per `rm` (each ~80 bytes: well below any host's argument limit)
+RM_BATCH = 300

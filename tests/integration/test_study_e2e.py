@@ -98,12 +98,18 @@ def test_demo_study_local(tmp_path: Path) -> None:
 
 def test_without_a_workdir_the_host_s_tmp_is_left_as_found(tmp_path: Path) -> None:
     """No target.workdir: the servers log to the host's /tmp (tuner chose the place), and each
-    log, .pid and .exit file is removed once copied to the trial's folder."""
+    log, .pid and .exit file is removed once copied to the trial's folder, also those a killed
+    run left (the resumed run removes them once their servers are stopped)."""
     name = f"e2e-notmp-{os.getpid()}-{time.monotonic_ns()}"  # its files in /tmp are its own
     runs = tmp_path / "runs"
-    study = study_file(tmp_path, name, n_trials=2, target__workdir=None)
+    study = study_file(tmp_path, name, n_trials=3, target__workdir=None)
     host_files = lambda: sorted(Path("/tmp").glob(f"tuner-{name}-trial*"))  # noqa: E731
     try:
+        # a run killed while trial 1's server runs leaves its files; the resumed run sweeps them
+        interrupt_tune(
+            study, runs, runs / name / "trials" / "1" / "launch.txt", signal.SIGKILL, 1.0
+        )
+        assert host_files() != []
         out = tuner("tune", str(study), "--runs-dir", str(runs))
         assert out.returncode == 0, out.stderr[-3000:]
         assert host_files() == []

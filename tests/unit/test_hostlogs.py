@@ -60,3 +60,24 @@ def test_a_host_that_fails_the_removal_costs_a_warning_not_the_study(caplog) -> 
     logs.gone("/tmp/a.log")
     logs.sweep()
     assert "cannot remove /tmp/a.log" in caplog.text
+
+
+def test_a_long_studys_files_are_removed_in_short_commands() -> None:
+    from tuner.hostlogs import RM_BATCH
+
+    calls: list[int] = []
+
+    class Counting(Host):
+        def run(self, argv: Sequence[str], *, timeout: float | None = None) -> None:
+            calls.append(len(argv) - 3)
+            super().run(argv, timeout=timeout)
+
+    host = Counting()
+    logs = HostLogs(host, keep=False)  # type: ignore[arg-type]
+    for n in range(250):
+        logs.gone(f"/tmp/t{n}.log", also=(".sh", ".secrets.yaml"))  # 5 files each
+    logs.sweep()
+    assert (
+        len(host.removed) == 1250 and max(calls) <= RM_BATCH and len(calls) == -(-1250 // RM_BATCH)
+    )
+    assert "/tmp/t7.log.sh" in host.removed and "/tmp/t7.log.secrets.yaml" in host.removed
