@@ -30,7 +30,7 @@ from tuner.loadgen import LoadProgress, LoadResult, load_options, run_load_sync
 from tuner.loadwindow import short_window
 from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
-from tuner.progress import ProgressEvent, RunStarted
+from tuner.progress import ProgressEvent, RunStarted, TrialStarted
 from tuner.results import feasible_trials
 from tuner.runner import TrialRunner
 from tuner.sglang.flags import normalize_flags
@@ -272,8 +272,20 @@ def _run(
     tuning.optimize(n_trials, timeout_s)
     if budget.confirm_top and feasible_trials(tuning.study):
         n = budget.confirm_repeats
-        events.say(confirming(budget.confirm_top, n))
-        tuning.confirm(budget.confirm_top, n)
+        started = tuning.on_progress
+        header = [confirming(budget.confirm_top, n)]
+
+        def on_confirm_run(event: TrialStarted) -> None:
+            if header:  # said before the first run (a finished study's re-run starts none)
+                events.say(header.pop())
+            if started is not None:
+                started(event)
+
+        tuning.on_progress = on_confirm_run
+        try:
+            tuning.confirm(budget.confirm_top, n)
+        finally:
+            tuning.on_progress = started
         result.confirm_error = tuning.confirm_error
 
 

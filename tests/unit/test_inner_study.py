@@ -156,3 +156,17 @@ def test_a_resumed_run_does_not_replay_the_seeds_first_proposals(tmp_path: Path)
     assert mfs[3:5] != mfs[1:3], mfs
     fresh = run(tmp_path / "again", data, n=3)  # a fresh study: the seed as given
     assert [t.params for t in completed(fresh)] == first
+
+
+def test_a_finished_study_run_again_neither_confirms_nor_says_it_does(tmp_path: Path) -> None:
+    from tuner.api import Events
+
+    data = demo()
+    cfg = parse_study(data, "d.yaml")
+    said: list[list[str]] = []
+    for _ in range(2):
+        said.append([])
+        events = Events(on_message=said[-1].append)
+        tune(cfg, runs_dir=tmp_path, seed=3, n_trials=3, make_seams=virtual_seams(3), events=events)
+    assert any(m.startswith("confirming the best") for m in said[0])
+    assert not any(m.startswith("confirming") for m in said[1]), said[1]
