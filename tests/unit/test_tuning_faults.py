@@ -297,3 +297,14 @@ def test_a_trial_stopped_mid_way_says_so_in_the_status(tmp_path: Path) -> None:
         == "stopped before it ended (interrupted or killed); its params ran again as #1"
     )
     assert rows[1]["state"] == "COMPLETE" and rows[1]["params"] == rows[0]["params"]
+
+
+def test_a_log_that_cannot_be_fetched_costs_the_evidence_not_the_trial(tmp_path: Path) -> None:
+    class NoSftp(FakeServer):
+        def fetch_log(self, local_path):
+            raise HostUnreachable("fetch /tmp/x.log failed: Channel closed")  # no SFTP subsystem
+
+    cfg, study, server, tuning = setup(tmp_path, server=NoSftp())
+    tuning.optimize(2, None)
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 2 and TrialState.FAIL not in states
