@@ -117,6 +117,8 @@ def render_yaml(data: dict[str, Any]) -> str:
             f"confirmed over {len(conf['runs'])} runs: mean {conf['mean']:,.1f} "
             f"({data['objective']}), spread {conf['spread_pct']:.1f}%{held_note(conf)}"
         )
+    elif conf.get("hold_odds") is not None:  # one run, near a limit
+        header.append(held_note(conf).removeprefix(", "))
     if conf.get("pooled"):
         header.append(_pooled(conf["pooled"]))
     # not empty only when every candidate missed: the winner is the least bad, and says so
@@ -147,6 +149,8 @@ def _versus(v: dict[str, Any]) -> str:
         f"vs the runner-up (trial {v['runner_up']}, mean {v['runner_up_mean']:,.1f}): "
         f"{v['gap_pct']:+.1f}%"
     )
+    if (odds := v.get("runner_up_odds")) is not None:
+        head += f" (odds {odds:.2f} it holds its limits)"
     if v.get("runner_up_missed"):
         return f"vs the runner-up (trial {v['runner_up']}): it missed {v['runner_up_missed'][0]}"
     if v["separated"] is None:

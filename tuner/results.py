@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.holdodds import hold_odds, log_ratios, noise_sd
 from tuner.pooled import near_limits, pooled_verdict
 from tuner.space import canonical
 from tuner.trial import Attr, is_feasible
@@ -20,6 +21,13 @@ from tuner.trial import Attr, is_feasible
 CONFIRM_ATTR = "tuner:confirmations"
 #: ... and of their latency tails, {trial: [tails or None, ...]} index by index with the values
 CONFIRM_TAILS_ATTR = "tuner:confirm_tails"
+#: odds of holding the limits below this are worth saying (export, status)
+ODDS_SHOWN = 0.995
+#: odds of holding the limits from which a candidate counts as steady (about two standard
+#: errors clear): below, its worth is its mean times odds / ODDS_STEADY, and a winner runs again
+#: beside a fresh candidate; above, the noise of a few runs does not charge a steady one (a
+#: charge at 0.98 moved Llama-70B picks off a steady concurrency that held 8 sets of 8)
+ODDS_STEADY = 0.975
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:
@@ -99,6 +107,8 @@ class Candidate(NamedTuple):
     held: int  # how many of `runs` held every SLO on their own requests
     pooled: dict[str, Any] | None  # pooled_metrics and the limits; None: no pooled verdict
     missed: list[str]  # what the pooled figures miss
+    odds: float = 1.0  # that its pooled p99s hold every limit over all starts (holdodds)
+    worth: float = 0.0  # what it ranks by: `mean`, less when `odds` are below ODDS_STEADY
 
 
 def _pooled(t: FrozenTrial, tails: Sequence[Any]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -126,10 +136,17 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
     restart of each is worth: the mean over the first measurement and every confirmation, a run
     that missed an SLO on its own counting 0.0 (a server starts once and serves on that start's
     luck: a configuration that misses on 1 start in 4 keeps its SLOs 3 times in 4); and 0.0 for
-    one whose runs miss an SLO pooled. The first measurement held on its own: it is feasible."""
+    one whose runs miss an SLO pooled. A candidate whose runs all held, but whose p99s sit so
+    near a limit that the noise may put the truth above it, ranks by its mean times its odds of
+    holding over ODDS_STEADY (holdodds: 0.98 of a limit over 3 runs is ~0.9). The first
+    measurement held on its own: it is feasible."""
     confirmations, tails = all_confirmations(study), all_confirm_tails(study)
+    trials = top_trials(study, max(len(confirmations), 1))
+    every = [_tails(t, tails.get(str(t.number), [])) for t in trials]
+    logs = [log_ratios(runs) for runs in every]
+    sd = noise_sd(logs)
     out = []
-    for t in top_trials(study, max(len(confirmations), 1)):
+    for t, t_tails in zip(trials, every, strict=True):
         confirm = confirmations.get(str(t.number), [])
         kept = tails.get(str(t.number), [])
         runs = [t.values[0], *confirm]
@@ -138,8 +155,16 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
         mean = (
             0.0 if missed else sum(v for v, ok in zip(runs, alone, strict=True) if ok) / len(runs)
         )
-        out.append(Candidate(t, runs, mean, sum(alone), pooled, missed))
-    return sorted(out, key=lambda c: c.mean, reverse=True)
+        odds = hold_odds(t_tails, sd)
+        # odds of ODDS_STEADY or more count as sure; below, a start is worth its share of them
+        worth = min(mean, min(1.0, odds / ODDS_STEADY) * sum(runs) / len(runs))
+        out.append(Candidate(t, runs, mean, sum(alone), pooled, missed, odds, worth))
+    return sorted(out, key=lambda c: c.worth, reverse=True)
+
+
+def _tails(t: FrozenTrial, kept: Sequence[Any]) -> list[Any]:
+    """Every run's tails of a candidate: its first measurement's, then its confirmations'."""
+    return [t.user_attrs.get(Attr.TAILS), *kept]
 
 
 def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]:
@@ -149,21 +174,27 @@ def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]
     ranked = _ranked(study)
     if not ranked:
         return None, {}
-    best, runs, mean, held, pooled, missed = ranked[0]
+    best, runs, mean, held, pooled, missed, odds, _ = ranked[0]
     measured = sum(runs) / len(runs)  # the spread is of the runs as measured, misses included
     spread = 100 * (max(runs) - min(runs)) / measured if mean and measured else 0.0
     summary: dict[str, Any] = {"mean": mean, "runs": runs, "held": held, "spread_pct": spread}
+    if odds < ODDS_SHOWN:
+        summary["hold_odds"] = odds
     if pooled is not None:
         summary.update(pooled=pooled, pooled_missed=missed)
     return best, summary
 
 
 def held_note(summary: Mapping[str, Any]) -> str:
-    """ ", 3 of 4 runs held the SLOs on their own (a miss counts 0)" when one did not, else ""."""
+    """ ", 3 of 4 runs held the SLOs on their own (a miss counts 0)" when one did not, and
+    ", odds 0.88 its p99s hold their limits over all starts" when it is unsure; else ""."""
     runs, held = len(summary.get("runs") or ()), summary.get("held")
-    if held is None or held >= runs:
-        return ""
-    return f", {held} of {runs} runs held the SLOs on their own (a miss counts 0)"
+    note = ""
+    if held is not None and held < runs:
+        note = f", {held} of {runs} runs held the SLOs on their own (a miss counts 0)"
+    if (odds := summary.get("hold_odds")) is not None:
+        note += f", odds {odds:.2f} its p99s hold their limits over all starts"
+    return note
 
 
 def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
@@ -180,7 +211,7 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
     if len(ranked) < 2:
         return None
     winner, second = ranked[0], ranked[1]
-    w_mean, r_mean = winner.mean, second.mean
+    w_mean, r_mean = winner.worth, second.worth  # as ranked: the odds of holding count
     squares, dof = 0.0, 0
     for c in ranked:
         mean = sum(c.runs) / len(c.runs)
@@ -190,9 +221,11 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
     gap = 100 * (w_mean - r_mean) / w_mean if w_mean else 0.0
     out: dict[str, Any] = {
         "runner_up": second.trial.number,
-        "runner_up_mean": r_mean,
+        "runner_up_mean": second.mean,
         "gap_pct": gap,
     }
+    if second.odds < ODDS_SHOWN:
+        out["runner_up_odds"] = second.odds
     if second.missed:  # ranked 0.0: out of the running, whatever the noise
         out["runner_up_missed"] = second.missed
     if dof == 0:
@@ -204,8 +237,9 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
 
 def unsettled(study: optuna.Study) -> tuple[int, ...]:
     """The trials confirmation runs once more, () when settled: while a run of the winner missed
-    an SLO on its own, the winner and the best configuration not yet confirmed (every candidate
-    confirmed may be as shaky: the next one may be the steady one); else the winner alone while
+    an SLO on its own, or its odds of holding them are below ODDS_STEADY, the winner and the
+    best configuration not yet confirmed (every candidate confirmed may be as shaky: the next
+    one may be the steady one); else the winner alone while
     its pooled p99 holds a limit by less than SLO_MARGIN; else winner and runner-up while the gap
     between them is inside the noise."""
     ranked = _ranked(study)
@@ -213,7 +247,7 @@ def unsettled(study: optuna.Study) -> tuple[int, ...]:
     if not ranked or ranked[0].missed:
         return ()
     best = ranked[0]
-    if best.held < len(best.runs):
+    if best.held < len(best.runs) or best.odds < ODDS_STEADY:
         fresh = top_trials(study, len(ranked) + 1)[len(ranked) :]
         return (best.trial.number, *(t.number for t in fresh))
     if best.pooled and near_limits(best.pooled):

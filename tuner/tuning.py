@@ -420,9 +420,9 @@ class Tuning:
         """Re-run the best few feasible configs `repeats` times, each run on a fresh server (the
         luck of a start is most of a configuration's noise); the study keeps every value. Then,
         at most `budget.confirm_extra` rounds of `results.unsettled`: a winner with a start
-        that missed on its own runs again beside the best config not yet confirmed, a winner
-        whose pooled p99 is near a limit runs again, and a winner within the run-to-run noise of
-        the runner-up runs again beside it: a winner by luck loses its lead.
+        that missed on its own, or unsure of holding its limits (holdodds), runs again beside
+        the best config not yet confirmed, one whose pooled p99 is near a limit runs again, and
+        one within the run-to-run noise of the runner-up beside it: luck loses its lead.
 
         A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run
         again, at most budget.infra_retries times per config, then that config's confirmation
