@@ -240,7 +240,8 @@ def unsettled(study: optuna.Study) -> tuple[int, ...]:
     an SLO on its own, or its odds of holding them are below ODDS_STEADY, the winner and the
     best configuration not yet confirmed (every candidate confirmed may be as shaky: the next
     one may be the steady one); else the winner alone while
-    its pooled p99 holds a limit by less than SLO_MARGIN; else winner and runner-up while the gap
+    its pooled p99 holds a limit by less than SLO_MARGIN; else the runner-up alone while its mean
+    beats the winner but its odds are below ODDS_STEADY; else winner and runner-up while the gap
     between them is inside the noise."""
     ranked = _ranked(study)
     # a winner that misses pooled means every candidate did: no lead to settle
@@ -252,6 +253,10 @@ def unsettled(study: optuna.Study) -> tuple[int, ...]:
         return (best.trial.number, *(t.number for t in fresh))
     if best.pooled and near_limits(best.pooled):
         return (best.trial.number,)
+    # a faster runner-up held back only by its odds: one more start sharpens them either way
+    shaky = [c for c in ranked[1:2] if c.odds < ODDS_STEADY and c.mean > best.worth]
+    if shaky and not shaky[0].missed:
+        return (shaky[0].trial.number,)
     versus = versus_runner_up(study)
     # tied with no noise (a plateau measured exactly) is as settled as separated
     if versus is None or versus["separated"] is not False or not versus["noise_pct"]:

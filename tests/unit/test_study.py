@@ -530,9 +530,9 @@ def test_confirmation_runs_each_start_a_fresh_server(tmp_path: Path) -> None:
 def test_a_winner_near_a_limit_runs_again_until_it_clears_or_loses(
     tmp_path: Path, slow_ms: float, extra_runs: int
 ) -> None:
-    """A winner whose pooled p99 holds its limit by less than SLO_MARGIN runs again (fresh
-    starts); here its next runs are slower, it misses pooled, and the runner-up wins. Clear of
-    the limit, nothing more runs."""
+    """A faster config whose pooled p99 holds its limit by so little that its odds of holding
+    rank it second runs again (a fresh start): here its next run is slower, it misses pooled, and
+    the steady one keeps the win. Clear of the limit it wins and nothing more runs."""
     data = {**TPOT_STUDY, "budget": {"confirm_top": 2, "confirm_repeats": 1, "confirm_extra": 2}}
     cfg, study, server, tuning = setup(tmp_path, data)
     lucky = [_tpot_load(1000, 100, 2, slow_ms) for _ in range(2)]
