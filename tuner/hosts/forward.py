@@ -487,4 +487,10 @@ def _close_socket(sock: socket.socket) -> None:
 def _close_pipe(p: _Pipe) -> None:
     _close_socket(p.sock)
     with contextlib.suppress(Exception):  # paramiko may raise anything from a dead transport
+        # Channel.close() closes the pipe behind fileno() while paramiko's transport thread may
+        # be feeding a packet that just came (the server still streams): its wake-up write into
+        # that pipe failed (EPIPE, EBADF) and ended the transport with every channel on it.
+        # set_event takes the buffer's lock: a feed under way ends first, later ones set this.
+        for buf in (p.chan.in_buffer, p.chan.in_stderr_buffer):
+            buf.set_event(threading.Event())
         p.chan.close()
