@@ -10,6 +10,7 @@ import os
 import secrets
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -384,6 +385,31 @@ def test_ssh_config_alias(sshd_server: Sshd) -> None:
     try:
         assert host.name == f"ssh root@127.0.0.1:{sshd_server.port}"
         assert host.run(["whoami"]).stdout == "root\n"
+    finally:
+        host.close()
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("trusted", [True, False])
+def test_an_alias_reads_its_own_user_known_hosts_file(
+    sshd_server: Sshd, tmp_path: Path, trusted: bool
+) -> None:
+    """A host behind an ssh_config alias whose key is in the alias's UserKnownHostsFile (not
+    ~/.ssh/known_hosts) is trusted, as ssh trusts it; with that file /dev/null it is not."""
+    known = sshd_server.known_hosts if trusted else Path(os.devnull)
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host gpu-box\n  HostName 127.0.0.1\n  Port {sshd_server.port}\n  User root\n"
+        f"  IdentityFile {sshd_server.client_key}\n  UserKnownHostsFile {known}\n"
+    )
+    opts = replace(alias_options(sshd_server, "gpu-box"), ssh_config=str(config), known_hosts=None)
+    host = SSHHost(opts)
+    try:
+        if trusted:
+            assert host.run(["whoami"]).stdout == "root\n"
+        else:
+            with pytest.raises(HostTrustError, match="host key not in known_hosts /dev/null"):
+                host.run(["whoami"])
     finally:
         host.close()
 

@@ -110,6 +110,10 @@ def _link_dropped(exc: paramiko.AuthenticationException) -> bool:
     return any(m in text for m in _LINK_DROPPED)
 
 
+#: where a known_hosts file came from when the study file names none
+ALIAS_KNOWN = "UserKnownHostsFile (ssh_config)"
+
+
 @dataclass(frozen=True)
 class _Resolved:
     hostname: str
@@ -117,6 +121,7 @@ class _Resolved:
     user: str
     identity_files: tuple[str, ...]
     proxyjump: str | None
+    known_hosts: tuple[str, ...]  # every file whose keys are trusted (ssh's UserKnownHostsFile)
 
 
 def _local_file(path: str | None, key: str) -> None:
@@ -129,15 +134,15 @@ def _local_file(path: str | None, key: str) -> None:
         raise ConfigError(f"{path} is {problem}", key=key)
 
 
-def _check_known_hosts(path: str) -> None:
+def _check_known_hosts(path: str, key: str = "target.ssh.known_hosts") -> None:
     """known_hosts is read at every connect: a file paramiko cannot read is the user's to fix."""
-    _local_file(path, "target.ssh.known_hosts")
+    _local_file(path, key)
     if os.path.exists(path):
         try:
             paramiko.HostKeys(path)
         except (UnicodeDecodeError, OSError) as exc:
             why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc.strerror
-            raise ConfigError(f"cannot read {path}: {why}", key="target.ssh.known_hosts") from None
+            raise ConfigError(f"cannot read {path}: {why}", key=key) from None
 
 
 def _resolve(opts: SSHOptions) -> _Resolved:
@@ -159,7 +164,12 @@ def _resolve(opts: SSHOptions) -> _Resolved:
                     f"Port {conf['port']!r} for {opts.host}: expected 1..65535", file=path
                 )
     _local_file(os.path.expanduser(opts.identity_file or ""), "target.ssh.identity_file")
-    _check_known_hosts(os.path.expanduser(opts.known_hosts or "~/.ssh/known_hosts"))
+    # target.ssh.known_hosts wins; else the alias's UserKnownHostsFile (one or more files), as
+    # ssh reads them; else ssh's default
+    named = [opts.known_hosts] if opts.known_hosts else conf.get("userknownhostsfile", "").split()
+    known = tuple(os.path.expanduser(k) for k in named or ["~/.ssh/known_hosts"])
+    for path in known:
+        _check_known_hosts(path, "target.ssh.known_hosts" if opts.known_hosts else ALIAS_KNOWN)
     ids = [opts.identity_file] if opts.identity_file else list(conf.get("identityfile", []))
     # OpenSSH's default identity files are in the config lookup only when named; keep the named
     # ones that exist, so a missing default does not fail key loading
@@ -175,6 +185,7 @@ def _resolve(opts: SSHOptions) -> _Resolved:
         user=opts.user or conf.get("user") or os.environ.get("USER", "root"),
         identity_files=tuple(i for i in ids if os.path.exists(i)),
         proxyjump=proxyjump,
+        known_hosts=known,
     )
 
 
@@ -205,9 +216,6 @@ class SSHHost(ShellHost):
 
     # -- connection -------------------------------------------------------------------------
 
-    def _known_hosts_path(self) -> str:
-        return os.path.expanduser(self.options.known_hosts or "~/.ssh/known_hosts")
-
     def _password(self) -> str | None:
         name = self.options.password_env
         if not name:
@@ -230,9 +238,9 @@ class SSHHost(ShellHost):
                 "direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0), timeout=o.channel_timeout_s
             )
         client = paramiko.SSHClient()
-        known = self._known_hosts_path()
-        if os.path.exists(known):
-            client.load_host_keys(known)
+        for known in t.known_hosts:
+            if os.path.exists(known):
+                client.load_host_keys(known)
         client.set_missing_host_key_policy(
             _TrustUnknown() if o.trust_unknown_host_key else _RejectUnknown()
         )
@@ -277,13 +285,13 @@ class SSHHost(ShellHost):
                     return self._connect_once()
         except _UnknownHostKey:
             raise HostTrustError(
-                f"{where}: host key not in known_hosts {self._known_hosts_path()} "
+                f"{where}: host key not in known_hosts {' '.join(t.known_hosts)} "
                 "(set target.ssh.trust_unknown_host_key: true to accept it)"
             ) from None
         except paramiko.BadHostKeyException:
             raise HostTrustError(
                 f"{where}: host key differs from the one in known_hosts "
-                f"{self._known_hosts_path()} (possible man-in-the-middle; fix known_hosts)"
+                f"{' '.join(t.known_hosts)} (possible man-in-the-middle; fix known_hosts)"
             ) from None
         except paramiko.AuthenticationException as exc:
             raise HostTrustError(
