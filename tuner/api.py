@@ -26,7 +26,7 @@ from tuner.export import write_best
 from tuner.innertrial import trial_time_problem
 from tuner.launch import server_log_path
 from tuner.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
-from tuner.loadgen import LoadProgress, LoadResult, load_options, run_load_sync
+from tuner.loadgen import LoadProgress, LoadResult, run_load_sync
 from tuner.loadwindow import short_window
 from tuner.modelcfg import load_model_config
 from tuner.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
@@ -36,6 +36,7 @@ from tuner.runner import TrialRunner
 from tuner.sglang.flags import normalize_flags
 from tuner.startlog import StartupLog
 from tuner.study import (
+    DefaultURL,
     check_study_dir,
     make_sampler,
     make_storage,
@@ -45,6 +46,12 @@ from tuner.study import (
     study_dir,
 )
 from tuner.studycheck import request_pool
+from tuner.studyload import (
+    refill_for,
+    short_list_problem,
+    study_load_options,
+    unset_concurrency,
+)
 from tuner.target import Launch, endpoint_for, env_secret, host_for
 from tuner.trial import Attr, full_params
 from tuner.tuning import TuneStats, Tuning, default_worker
@@ -100,6 +107,7 @@ class Seams:
     runner: TrialRunner
     launch: Launch
     endpoint: Endpoint | None = None
+    n_requests: int | None = None  # the study's request list's size (a warning reads it)
 
     def stop_group(self, pgid: int, port: int) -> None:
         """Stop a server an earlier run of this worker left behind (by its process group)."""
@@ -149,7 +157,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         secret_flags={"api-key": api_key} if api_key else None,
         launch_template=launch.template,
     )
-    return Seams(host, server, runner, launch, endpoint)
+    return Seams(host, server, runner, launch, endpoint, len(requests))
 
 
 def tune(
@@ -177,6 +185,8 @@ def tune(
     worker = worker or default_worker(cfg.target.host)
     # everything a user can get wrong is checked before the first byte is written
     api_key = env_secret(cfg.target.api_key_env, "target.api_key_env", cfg.source)
+    if (unset := unset_concurrency(cfg)) is not None:
+        raise ConfigError(unset, file=cfg.source, key="workload.concurrency")
     sampler = make_sampler(cfg, seed)
     url = storage_url(cfg, runs_dir, storage)
     if make_seams is None:
@@ -199,8 +209,11 @@ def tune(
                 worker,
                 window_watch(cfg, events),
                 lambda pgid: seams.stop_group(pgid, cfg.target.port),
-                # the study's own file: every worker that can write it locks under out_dir
-                claim_unowned=None if storage else lambda: not others_alive(lock),
+                # the study's own file: every worker that can write it locks under out_dir;
+                # a storage named by --storage or the file's storage: may be shared
+                claim_unowned=(
+                    (lambda: not others_alive(lock)) if isinstance(url, DefaultURL) else None
+                ),
                 on_progress=events.on_progress,
             )
             watch_seams(seams, events)
@@ -216,18 +229,28 @@ def tune(
 
 def window_watch(cfg: StudyConfig, events: Events) -> Callable[[FrozenTrial], None]:
     """`events.on_trial`, and once per run a warning when a trial's load run measured its
-    window's ramp-up rather than a steady state (loadwindow.py)."""
+    window's ramp-up rather than a steady state (loadwindow.py), and once when its request list
+    ran out before the window's end (a finite list: studyload.short_list_problem)."""
     warned = False
+    exhausted = False
 
     def on_trial(t: FrozenTrial) -> None:
-        nonlocal warned
+        nonlocal warned, exhausted
+        metrics = t.user_attrs.get(Attr.METRICS) or {}
         if not warned:
             concurrency = full_params(t.params, t.user_attrs).get("concurrency")
-            metrics = t.user_attrs.get(Attr.METRICS) or {}
             note = short_window(cfg.workload.duration_s, metrics, concurrency)
             if note is not None:
                 warned = True
                 events.say(f"warning: {note}")
+        if not exhausted and metrics.get("exhausted"):
+            exhausted = True
+            events.say(
+                f"warning: trial {t.number}'s load run sent its whole request list in "
+                f"{float(metrics.get('duration', 0)):.1f} s of its {cfg.workload.duration_s:g} s "
+                f"window (exhausted): kind {cfg.workload.kind}'s list is finite; its "
+                "runs measure a shorter window"
+            )
         if events.on_trial is not None:
             events.on_trial(t)
 
@@ -250,6 +273,8 @@ def _run(
     judge_by_available_ram(seams, events)
     if (problem := trial_time_problem(cfg)) is not None:
         events.say(f"warning: {problem}")
+    if seams.n_requests and (short := short_list_problem(cfg, seams.n_requests)) is not None:
+        events.say(f"warning: {short}")
     result.recovered = tuning.recover()
     if result.recovered:
         events.say(
@@ -354,9 +379,19 @@ def watch_seams(seams: Seams, events: Events) -> None:
 
 
 def study_requests(cfg: StudyConfig) -> list[Request]:
-    """The study's one fixed request list (every trial sends the same requests); its size is
-    the one studycheck bounded."""
-    return requests_for(cfg.workload, num_requests=request_pool(cfg))
+    """The study's one fixed request list (every trial sends the same requests; a window's run
+    of a random or multi-turn kind tops it up, studyload.refill_for); its size is the one
+    studycheck bounded. A dataset with fewer records than workload.num_requests is refused."""
+    w = cfg.workload
+    requests = requests_for(w, num_requests=request_pool(cfg))
+    if w.num_requests is not None and len(requests) < w.num_requests:
+        raise ConfigError(
+            f"({w.num_requests:,}) asks for more requests than {w.dataset} holds "
+            f"({len(requests):,} usable records); each is sent once: lower it",
+            file=cfg.source,
+            key="workload.num_requests",
+        )
+    return requests
 
 
 def load_runner(
@@ -376,13 +411,8 @@ def load_runner(
         on_phase: Callable[[str], None] | None = None,
         on_progress: Callable[[LoadProgress], None] | None = None,
     ) -> LoadResult:
-        rate = client.get("request-rate")
-        options = load_options(
-            cfg.workload,
-            concurrency=int(client.get("concurrency", 1)),
-            request_rate=None if rate is None else float(rate),
-            api_key=api_key,
-            max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS,
+        options = study_load_options(
+            cfg, client, api_key=api_key, max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS
         )
         breaks = endpoint.breaks() if endpoint is not None else 0
         result = run_load_sync(
@@ -392,6 +422,7 @@ def load_runner(
             time_limit_s=time_limit_s,
             on_phase=on_phase,
             on_progress=on_progress,
+            more=refill_for(cfg.workload),
         )
         if endpoint is not None:
             # a link that fell silent mid-run (no reset) shows only when a channel is next

@@ -73,7 +73,8 @@ class HaltOnRunaway:
 
 class ProbeConcurrency:
     """After a fresh server measured, queue the same server at a neighbouring concurrency:
-    measuring it costs no restart. Up by PROBE_FACTOR while the SLOs hold, down when missed."""
+    measuring it costs no restart. Up by PROBE_FACTOR while the SLOs hold, down when missed,
+    onto the range's `step` grid."""
 
     def __init__(
         self,
@@ -115,7 +116,15 @@ class ProbeConcurrency:
             i = ladder.index(c) + (1 if up else -1) if c in ladder else -1
             return ladder[i] if 0 <= i < len(ladder) else None
         target = round(c * PROBE_FACTOR) if up else round(c / PROBE_FACTOR)
-        return int(min(max(target, spec.low or 1), spec.high or target))
+        low = int(spec.low or 1)
+        high = int(spec.high or target)
+        step = int(spec.step or 1)
+        high = low + (high - low) // step * step  # the range's last point (optuna's grid)
+        # the nearest point of the range's grid (low + k * step), at least one step from c
+        on = low + round((target - low) / step) * step
+        if on == c:
+            on = c + step if up else c - step
+        return int(min(max(on, low), high))
 
 
 class Progress:

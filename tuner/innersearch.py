@@ -49,6 +49,19 @@ class Bounds:
     factor: float = 2.0  # the bracketing step
     gain: float = 0.03  # a step up counts as a gain above this share (the noise floor)
     resolution: float = 1.15  # stop bisecting when hi / lo is below this
+    step: int = 1  # space.concurrency.step: every point is low + k * step
+
+    def snap(self, c: int) -> int:
+        """`c` clamped to [low, high] and onto the grid low + k * step (the nearest point)."""
+        c = clamp(c, self.low, self.high)
+        if self.step <= 1:
+            return c
+        on = self.low + round((c - self.low) / self.step) * self.step
+        return on - self.step if on > self.high else on
+
+    def fit(self) -> Bounds:
+        """These bounds with `start` on the grid."""
+        return replace(self, start=self.snap(self.start))
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,7 @@ def search(measure: Callable[[int], Point | None], b: Bounds) -> InnerResult:
     declined = [False]  # measure said no more (e.g. the trial's deadline is near)
 
     def run(c: int) -> Point | None:
-        c = clamp(c, b.low, b.high)
+        c = b.snap(c)
         over = declined[0] or len(points) >= b.max_runs or any(p.stop for p in points.values())
         if c in points or over:
             return None
@@ -109,14 +122,14 @@ def search(measure: Callable[[int], Point | None], b: Bounds) -> InnerResult:
     c = first.concurrency
     if first.feasible:
         _climb(run, points, c, b, up=True)
-        above = points.get(clamp(round(c * b.factor), b.low, b.high))
+        above = points.get(b.snap(round(c * b.factor)))
         # a step up that held but lost throughput: the peak lies below the start
         past_peak = bool(above and above.feasible and above.value < first.value / (1 + b.gain))
     else:
         above = first
         while c > b.low and not points[c].stop:  # an infeasible start: down until one holds
             above = points[c]
-            c = clamp(math.floor(c / b.factor), b.low, b.high)
+            c = b.snap(math.floor(c / b.factor))
             p = run(c)
             if p is None or p.feasible:
                 break
@@ -141,7 +154,7 @@ def _climb(
 ) -> None:
     """Step from `c` by `factor` while each step holds the SLOs and gains more than `gain`."""
     while True:
-        nxt = clamp(round(c * b.factor) if up else round(c / b.factor), b.low, b.high)
+        nxt = b.snap(round(c * b.factor) if up else round(c / b.factor))
         if nxt == c:
             return
         p = run(nxt)
@@ -156,11 +169,13 @@ def _bisect(run: Callable[[int], Point | None], points: dict[int, Point], b: Bou
         best = _best(points)
         if best is None:
             return
-        gaps = _gaps(points, best.concurrency, b.resolution)
+        gaps = _gaps(points, best.concurrency, b.resolution, b.step)
         if not gaps:
             return
         lo, hi = gaps[0]
-        if run(round(math.sqrt(lo * hi))) is None:
+        # the grid point nearest the log-scale middle, strictly inside the gap
+        mid = min(max(b.snap(round(math.sqrt(lo * hi))), lo + b.step), hi - b.step)
+        if run(mid) is None:
             return
 
 
@@ -169,9 +184,11 @@ def _best(points: dict[int, Point]) -> Point | None:
     return max(ok, key=lambda p: p.value) if ok else None
 
 
-def _gaps(points: dict[int, Point], at: int, resolution: float) -> list[tuple[int, int]]:
-    """The unmeasured intervals next to `at` wider than `resolution`, the upper one first (where
-    throughput still rises until an SLO binds)."""
+def _gaps(
+    points: dict[int, Point], at: int, resolution: float, step: int = 1
+) -> list[tuple[int, int]]:
+    """The unmeasured intervals next to `at` wider than `resolution` that hold a grid point
+    (`step`), the upper one first (where throughput still rises until an SLO binds)."""
     measured = sorted(points)
     i = measured.index(at)
     out = []
@@ -179,4 +196,4 @@ def _gaps(points: dict[int, Point], at: int, resolution: float) -> list[tuple[in
         out.append((at, measured[i + 1]))
     if i > 0:
         out.append((measured[i - 1], at))
-    return [(lo, hi) for lo, hi in out if hi / lo > resolution and hi - lo > 1]
+    return [(lo, hi) for lo, hi in out if hi / lo > resolution and hi - lo > step]

@@ -12,13 +12,17 @@ inner search on a `TrialRunner` (load runs -> points -> one outcome).
 
 Unset, a log or linear concurrency range searches `DEFAULT_SEARCH`; a list of choices, a
 client-side request rate (`workload.request_rate` or a searched `request-rate`), a Pareto
-objective, a concurrency under `when:` and a space of concurrency alone keep `joint`. A study without concurrency in its space runs at its fixed concurrency.
+objective, a concurrency under `when:` and a space of concurrency alone keep `joint`. A study
+without concurrency in its space runs at `workload.concurrency` (uncapped under a request rate:
+studyload.py). The search runs only the range's points (`step`); the baseline's concurrency is
+where trial 0's search starts (`InnerSearch.start_next`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from tuner.innersearch import Bounds, Point, search, start_at
 from tuner.pooled import SLO_MARGIN
 from tuner.sglang.failures import FailureClass
 from tuner.trial import Status, TrialOutcome, metric_attrs, objective_values
+from tuner.workload import Request, request_pool, requests_for
 
 #: the mode of a concurrency range whose `search:` is unset (from tests/bench/bench_search.py)
 DEFAULT_SEARCH = "inner"
@@ -116,18 +121,34 @@ def mode_problem(cfg: StudyConfig) -> tuple[str, str] | None:
     return None
 
 
-def request_tokens(w: WorkloadSection) -> tuple[float, float]:
+def mean_length(length: int, w: WorkloadSection) -> float:
+    """The mean of the lengths `workload.sample_length` draws around `length`."""
+    if w.length_dist == "fixed":
+        return float(length)
+    if w.length_dist == "lognormal":  # median `length`, clipped to [1, 4 L]
+        return min(length * math.exp(w.lognormal_sigma**2 / 2), 4.0 * length)
+    return (max(int(length * w.range_ratio), 1) + length) / 2
+
+
+def request_tokens(
+    w: WorkloadSection, requests: Sequence[Request] | None = None
+) -> tuple[float, float]:
     """(tokens a running request holds on average, the share of them a shared prefix holds
-    once): prompt plus half the answer, which is what fills the pool in steady state."""
-    out = w.output_len * (1 + w.range_ratio) / 2
-    if w.kind == "shared-prefix":
+    once): prompt plus half the answer, which is what fills the pool in steady state. The
+    lengths are the ones tuner.workload builds; a dataset's are its list's (`requests`)."""
+    if w.kind in ("sharegpt", "jsonl") and requests:
+        prompt = sum(r.prompt_len for r in requests) / len(requests)
+        return prompt + sum(r.output_len for r in requests) / len(requests) / 2, 0.0
+    if w.kind == "shared-prefix":  # fixed lengths: every prompt is prefix + question
         prompt = w.prefix_len + w.question_len
-        return prompt + out / 2, w.prefix_len / (prompt + out / 2)
+        return prompt + w.output_len / 2, w.prefix_len / (prompt + w.output_len / 2)
+    if w.kind in ("sharegpt", "jsonl"):  # no list: input_len is the user's estimate
+        return w.input_len + (w.dataset_output_len or w.output_len) / 2, 0.0
+    out = mean_length(w.output_len, w)
+    prompt = mean_length(w.input_len, w)
     if w.kind == "multi-turn":
         # the history grows by a question and an answer per turn: the mean over the turns
-        prompt = w.input_len + (w.turns - 1) / 2 * (w.question_len + w.output_len)
-        return prompt + out / 2, 0.0
-    prompt = w.input_len * (1 + w.range_ratio) / 2
+        prompt += (w.turns - 1) / 2 * (w.question_len + out)
     return prompt + out / 2, 0.0
 
 
@@ -141,27 +162,38 @@ def bounds(
     pool_tokens: int | None,
     high_cap: int | None = None,
     hint: int | None = None,
+    start: int | None = None,
+    requests: Sequence[Request] | None = None,
 ) -> Bounds:
     """Where the inner search looks on a server whose KV pool holds `pool_tokens`; `high_cap`:
     a concurrency known to kill servers like this one (the search stays below it); `hint`: the
     best concurrency found on an earlier server of the study, where a similar server's best
-    most likely is (else the capacity model's estimate)."""
+    most likely is (else the capacity model's estimate); `start`: where to start instead (the
+    baseline's concurrency: what runs today is measured). Points lie on the range's `step`."""
     spec = cfg.space[NAME]
     assert spec.low is not None and spec.high is not None  # mode_problem/search_mode ensure it
-    low, high = int(spec.low), int(spec.high)
+    low, high, step = int(spec.low), int(spec.high), int(spec.step or 1)
     if high_cap is not None:
         high = max(low, min(high, high_cap - 1))
-    avg, shared = request_tokens(cfg.workload)
+    high = low + (high - low) // step * step  # the last point of the grid (optuna's rule)
     runs = cfg.budget.inner_runs
+    if start is not None:
+        return Bounds(low, high, start, max_runs=runs, step=step).fit()
     if hint is None:
-        start = min(max(start_at(pool_tokens, avg, low, high, shared), low), high)
-        return Bounds(low, high, start, max_runs=runs)
+        avg, shared = request_tokens(cfg.workload, requests)
+        first = start_at(pool_tokens, avg, low, high, shared)
+        return Bounds(low, high, first, max_runs=runs, step=step).fit()
     # an earlier server's best is near this one's: finer steps around it spend the runs where
     # the optimum is, instead of re-bracketing a factor of 2 each way
-    start = min(max(hint, low), high)
     return Bounds(
-        low, high, start, max_runs=runs, factor=HINTED_FACTOR, resolution=HINTED_RESOLUTION
-    )
+        low,
+        high,
+        hint,
+        max_runs=runs,
+        factor=HINTED_FACTOR,
+        resolution=HINTED_RESOLUTION,
+        step=step,
+    ).fit()
 
 
 class InnerSearch:
@@ -171,6 +203,9 @@ class InnerSearch:
     def __init__(self, cfg: StudyConfig):
         self.cfg = cfg
         self.best: tuple[float, int] | None = None  # (value, concurrency)
+        #: where the next search starts (once): the baseline's concurrency for trial 0
+        self.start_next: int | None = None
+        self._requests: list[Request] | None = None  # a dataset's list, for its lengths
 
     def run(
         self,
@@ -183,11 +218,19 @@ class InnerSearch:
         clock: Callable[[], float],
     ) -> TrialOutcome:
         hint = None if self.best is None else self.best[1]
-        b = bounds(self.cfg, pool, high_cap, hint)
+        start, self.start_next = self.start_next, None
+        b = bounds(self.cfg, pool, high_cap, hint, start, self._dataset())
         out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock)
         if out.client and out.feasible and (self.best is None or out.values[0] > self.best[0]):
             self.best = (out.values[0], int(out.client[NAME]))
         return out
+
+    def _dataset(self) -> list[Request] | None:
+        """A dataset workload's request list (its lengths are the file's), read once."""
+        w = self.cfg.workload
+        if w.kind in ("sharegpt", "jsonl") and self._requests is None:
+            self._requests = requests_for(w, num_requests=request_pool(self.cfg))
+        return self._requests
 
 
 #: one load run at these params: (params with concurrency, the point's directory) -> outcome

@@ -36,6 +36,7 @@ import optuna
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from tuner.baseline import aim_baseline, baseline_params, fixed_client
 from tuner.callbacks import HaltOnRunaway, ProbeConcurrency, Progress, RetryInfraFailures
 from tuner.config import StudyConfig
 from tuner.confirmruns import ConfirmRecord, Tails, run_value
@@ -57,7 +58,7 @@ from tuner.results import (
     unsettled,
 )
 from tuner.runner import TrialRunner
-from tuner.space import active_params, condition_holds, sample, sglang_defaults
+from tuner.space import sample
 from tuner.trial import (
     CONSTRAINT_KEYS,
     DASHBOARD_CONSTRAINTS,
@@ -208,18 +209,10 @@ class Tuning:
         return recovered
 
     def enqueue_baseline(self, gpu_mem_mib: float | None = None) -> None:
-        """Trial 0 is what runs today: the study file's baseline, else SGLang's defaults (the
-        sampler picks whatever neither gives, such as the client's concurrency)."""
+        """Trial 0 is what runs today: the baseline, else SGLang's defaults (baseline.py)."""
         if self.study.trials and not self._baseline_lost():
             return
-        if self.cfg.baseline:
-            params = active_params(self.cfg.baseline, sampled_space(self.cfg))
-        else:
-            params = sglang_defaults(self.cfg, gpu_mem_mib)
-        space = sampled_space(self.cfg)
-        partial = any(n not in params and condition_holds(s.when, params) for n, s in space.items())
-        if partial and isinstance(self.study.sampler, optuna.samplers.GridSampler):
-            return  # the grid sampler takes an enqueued trial only whole: its own cells run
+        params = baseline_params(self.cfg, gpu_mem_mib, self.study.sampler)
         if params:
             self.study.enqueue_trial(params, user_attrs={Attr.BASELINE: True})
 
@@ -275,6 +268,7 @@ class Tuning:
         if earlier is not None:
             return self._duplicate(trial, earlier)
         limit = float(self.cfg.budget.trial_timeout)
+        aim_baseline(self.cfg, self.runner, trial.user_attrs)
         try:
             with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
                 outcome = self.runner.run(
@@ -312,6 +306,7 @@ class Tuning:
         ):
             outcome = self._reproduced(trial, outcome.reason, outcome.failure, outcome)
         attrs = outcome.to_attrs()
+        attrs.update(fixed_client(self.cfg, attrs))
         if outcome.restarted:
             self._pool = attrs.get(POOL_ATTR)
         elif outcome.status.measured and self._pool is not None:

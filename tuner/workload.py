@@ -21,11 +21,11 @@ import json
 import math
 import random
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.config import MAX_TOKENS, WorkloadSection
+from tuner.config import MAX_TOKENS, StudyConfig, WorkloadSection
 from tuner.errors import InputFileError
 from tuner.yamlfile import special_file
 
@@ -58,13 +58,31 @@ class Request:
         return " ".join([f"w{t}" for t in self.token_ids or ()])
 
 
+#: requests built for a duration-bounded run when the study gives no count: at least this many,
+#: and 20 per slot of the highest concurrency searched (api.study_requests builds this many)
+DEFAULT_POOL = 2000
+
+
+def request_pool(cfg: StudyConfig) -> int:
+    """How many requests the study's list starts with (the study file's count, else 20 per slot
+    of the highest concurrency; a window's run of a random or multi-turn kind tops it up)."""
+    top = cfg.space.get("concurrency")
+    high = cfg.workload.concurrency or 1
+    if top is not None and top.high is not None:
+        high = int(top.high)
+    elif top is not None and top.choices:
+        high = max(int(c) for c in top.choices if isinstance(c, int | float))
+    return cfg.workload.num_requests or max(DEFAULT_POOL, 20 * high)
+
+
 def requests_for(w: WorkloadSection, *, num_requests: int) -> list[Request]:
     """The request list `w` describes; the same section (seed included) gives the same list.
 
     `num_requests` is how many to build when `w.num_requests` is None (a duration-bounded run:
-    enough to stay busy for the whole window). shared-prefix builds `num_groups *
-    prompts_per_group` requests whatever the count; multi-turn builds ceil(count / turns)
-    conversations of `turns` turns; datasets give at most the count.
+    enough to start the window; `more_requests` extends a random or multi-turn list).
+    shared-prefix builds at most `num_groups * prompts_per_group` requests (the study check
+    refuses a count above that); multi-turn builds ceil(count / turns) conversations of `turns`
+    turns; datasets give at most the count.
     """
     if num_requests < 1:
         raise ValueError(f"num_requests must be >= 1 (got {num_requests})")
@@ -73,12 +91,48 @@ def requests_for(w: WorkloadSection, *, num_requests: int) -> list[Request]:
     if w.kind == "random":
         return _random(w, n, rng)
     if w.kind == "shared-prefix":
-        return _shared_prefix(w, rng)
+        # every prompt is sent once: the count takes the first ones (after the shuffle)
+        return _shared_prefix(w, rng)[: w.num_requests or None]
     if w.kind == "multi-turn":
         return _multi_turn(w, n, rng)
     if w.kind == "sharegpt":
         return _sharegpt(w, n, rng)
     return _jsonl(w, n, rng)
+
+
+#: kinds whose requests are drawn at random: a duration-bound run that used its list up gets
+#: more of the same (`more_requests`); the others' lists are finite by definition (shared-prefix
+#: groups, dataset records), and repeating their prompts would measure the prefix cache
+EXTENDABLE = ("random", "multi-turn")
+
+
+def more_requests(w: WorkloadSection, start: int, n: int) -> list[Request]:
+    """At least `n` more requests of `w`'s kind for a run that used up its list, numbered from
+    `start` (conversations too: `start` exceeds every earlier one's number); seeded by `w.seed`
+    and `start`, so a run that needs them again gets the same ones. [] for a finite kind."""
+    if w.kind not in EXTENDABLE or n < 1:
+        return []
+    rng = random.Random(f"{w.seed}:more:{start}")
+    batch = _random(w, n, rng) if w.kind == "random" else _multi_turn(w, n, rng)
+    return [
+        replace(
+            r,
+            index=start + r.index,
+            conversation=None if r.conversation is None else start + r.conversation,
+        )
+        for r in batch
+    ]
+
+
+def list_size(w: WorkloadSection, num_requests: int) -> int:
+    """How many requests `requests_for(w, num_requests=...)` builds for a synthetic kind (a
+    dataset's count is its records', at most the count)."""
+    n = w.num_requests or num_requests
+    if w.kind == "shared-prefix":
+        return min(n, w.num_groups * w.prompts_per_group)
+    if w.kind == "multi-turn":
+        return math.ceil(n / w.turns) * w.turns
+    return n
 
 
 def sample_length(rng: random.Random, length: int, w: WorkloadSection) -> int:

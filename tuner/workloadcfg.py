@@ -6,15 +6,18 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tuner.configbase import MAX_DURATION_S, MAX_TOKENS, Model
+from tuner.configbase import MAX_CONCURRENCY, MAX_DURATION_S, MAX_TOKENS, Model
 
 #: warm-up requests run before each measurement, every trial: a few suffice
 MAX_WARMUP = 1_000
-#: key -> the kinds whose requests it shapes (tuner.workload builds them; the inner search's and
-#: the pre-check's estimates read input_len, output_len and range_ratio for every kind but
-#: shared-prefix's input_len). Given for another kind, a key would be ignored: it is refused.
+#: key -> the kinds whose requests it shapes (tuner.workload builds them; the inner search's
+#: estimate also reads input_len of a dataset as its mean prompt). Given for another kind, a key
+#: would be ignored: it is refused.
 KINDS_OF_KEY = {
     "input_len": ("random", "multi-turn", "sharegpt", "jsonl"),
+    # sharegpt's lengths are its replies' (or dataset_output_len); jsonl's records without
+    # max_tokens take output_len
+    "output_len": ("random", "shared-prefix", "multi-turn", "jsonl"),
     "length_dist": ("random", "multi-turn"),
     "lognormal_sigma": ("random", "multi-turn"),
     "num_groups": ("shared-prefix",),
@@ -25,6 +28,7 @@ KINDS_OF_KEY = {
     "shuffle": ("shared-prefix", "sharegpt", "jsonl"),
     "dataset": ("sharegpt", "jsonl"),
     "dataset_output_len": ("sharegpt", "jsonl"),
+    "range_ratio": ("random", "multi-turn"),
 }
 
 
@@ -59,6 +63,9 @@ class WorkloadSection(Model):
     stream: bool = True
     model: str | None = None  # OpenAI endpoints' model name; None = the first of /v1/models
     seed: int = 0
+    #: the client's fixed concurrency when the study does not search it (space.concurrency);
+    #: None with a request rate = no cap (bench_serving's max_concurrency None)
+    concurrency: int | None = None
 
     # the checks are validators rather than Field(ge=...) so that their wording reads the same
     # after a key (study file) or a flag (`tuner bench`)
@@ -79,6 +86,13 @@ class WorkloadSection(Model):
         if v is not None and info.field_name.endswith("_len") and v > MAX_TOKENS:
             # the whole request list is built in memory up front: lengths are bounded
             raise ValueError(f"must be at most {MAX_TOKENS:,} tokens (got {v:,})")
+        return v
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_CONCURRENCY:
+            raise ValueError(f"must be in 1..{MAX_CONCURRENCY:,} (got {v})")
         return v
 
     @field_validator("prefix_len", "warmup_requests")
@@ -130,12 +144,14 @@ class WorkloadSection(Model):
             raise ValueError(f"a {kind} workload needs a dataset file")
         return v
 
-    def ignored_key(self) -> tuple[str, str] | None:
-        """(key, why) for the first key given explicitly that this kind of workload would
-        ignore, or None. Not a validator: `tuner bench` and tests build sections with every
-        key; a study file's section is checked with it (config.StudyConfig)."""
+    def ignored_key(self, given: set[str] | None = None) -> tuple[str, str] | None:
+        """(key, why) for the first key given explicitly (`given`: these keys only, e.g. the
+        flags `tuner bench` was typed with) that this workload would ignore, or None. Not a
+        validator: `tuner bench` and tests build sections with every key; a study file's
+        section is checked with it (config.StudyConfig)."""
+        keys = self.model_fields_set if given is None else self.model_fields_set & given
         for key, kinds in KINDS_OF_KEY.items():
-            if key not in self.model_fields_set or getattr(self, key) is None:
+            if key not in keys or getattr(self, key) is None:
                 continue
             if self.kind not in kinds:
                 takes = " or ".join([", ".join(kinds[:-1]), kinds[-1]] if kinds[1:] else kinds)
@@ -145,10 +161,20 @@ class WorkloadSection(Model):
                     "drop it or set kind"
                     + (" (its prompts are prefix_len + question_len)" if key == "input_len" else "")
                 )
-        if "lognormal_sigma" in self.model_fields_set and self.length_dist != "lognormal":
+        if "lognormal_sigma" in keys and self.length_dist != "lognormal":
             return "lognormal_sigma", (
                 f"applies to length_dist: lognormal only (length_dist is {self.length_dist}): "
                 "drop it or set length_dist"
+            )
+        if "range_ratio" in keys and self.length_dist != "uniform":
+            return "range_ratio", (
+                f"applies to length_dist: uniform only (length_dist is {self.length_dist}): "
+                "drop it or set length_dist"
+            )
+        if "model" in keys and self.model is not None and self.backend == "sglang":
+            return "model", (
+                "backend sglang (/generate) sends no model name: it applies to backend openai "
+                "or openai-chat; drop it or set backend"
             )
         return None
 

@@ -37,6 +37,7 @@ import yaml
 
 from tests.helpers.net import free_port
 from tuner.cli import main as tuner_main
+from tuner.workloadcfg import KINDS_OF_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 #: the password planted in storage URLs: it must never be printed
@@ -80,10 +81,18 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def as_kind(data: dict[str, Any], kind: str, **workload: Any) -> None:
+    """The demo's workload as traffic of `kind`, without the keys that kind refuses (the
+    demo's input_len and range_ratio shape a random workload only)."""
+    for key, kinds in KINDS_OF_KEY.items():
+        if kind not in kinds:
+            data["workload"].pop(key, None)
+    data["workload"].update(kind=kind, **workload)
+
+
 def shared_prefix(data: dict[str, Any], **workload: Any) -> None:
-    """The demo's workload as shared-prefix traffic (its input_len is a random workload's)."""
-    data["workload"].pop("input_len", None)
-    data["workload"].update(kind="shared-prefix", **workload)
+    """The demo's workload as shared-prefix traffic."""
+    as_kind(data, "shared-prefix", **workload)
 
 
 def write_study(mutate: Callable[[dict[str, Any]], None] | None = None, name: str = "s.yaml"):
@@ -663,7 +672,7 @@ def cases() -> list[Case]:
 
     def dataset(content: bytes, name: str = "data.jsonl"):
         def mutate(d: dict[str, Any]) -> None:
-            d["workload"].update(kind="jsonl", dataset=name)
+            as_kind(d, "jsonl", dataset=name)
 
         return both(touch(name, content), write_study(mutate))
 
@@ -672,7 +681,7 @@ def cases() -> list[Case]:
             "ds-missing",
             ["tune", "s.yaml"],
             ("nope.jsonl",),
-            write_study(lambda d: d["workload"].update(kind="jsonl", dataset="nope.jsonl")),
+            write_study(lambda d: as_kind(d, "jsonl", dataset="nope.jsonl")),
         )
     )
     add(
@@ -707,7 +716,7 @@ def cases() -> list[Case]:
             ("ddir", "cannot read"),
             both(
                 mkdir("ddir"),
-                write_study(lambda d: d["workload"].update(kind="jsonl", dataset="ddir")),
+                write_study(lambda d: as_kind(d, "jsonl", dataset="ddir")),
             ),
         )
     )
@@ -1054,7 +1063,7 @@ def cases() -> list[Case]:
             both(fifo("md/config.json"), write_study(model("md"))),
         )
     )
-    jsonl = lambda name: lambda d: d["workload"].update(kind="jsonl", dataset=name)  # noqa: E731
+    jsonl = lambda name: lambda d: as_kind(d, "jsonl", dataset=name)  # noqa: E731
     add(
         Case(
             "ds-devzero",

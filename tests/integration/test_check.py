@@ -38,10 +38,13 @@ esac
 
 
 def edit(path: Path, **sections: dict) -> Path:
-    """Update sections of a study file in place (`target={...}` merges into target:)."""
+    """Update sections of a study file in place (`target={...}` merges into target:; a key
+    set to None is dropped)."""
     data = yaml.safe_load(path.read_text())
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)
+        for key in [k for k, v in values.items() if v is None]:
+            del data[section][key]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -327,7 +330,8 @@ def test_a_garbage_dataset_fails_check_as_it_fails_tune(tmp_path: Path) -> None:
     data = tmp_path / "requests.jsonl"
     data.write_text("not json\n")
     study = edit(
-        study_file(tmp_path, "check-dataset"), workload={"kind": "jsonl", "dataset": str(data)}
+        study_file(tmp_path, "check-dataset"),
+        workload={"kind": "jsonl", "dataset": str(data), "range_ratio": None},
     )
     failed = only_fail(run_checks(study))
     assert failed.name == "study" and f"{data}:1" in failed.detail and "JSON" in failed.detail

@@ -239,7 +239,8 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
                 f"environment variable {args.api_key_env} is not set", key="--api-key-env"
             )
     w = _workload(args)
-    # a duration-bounded run needs enough requests to stay busy for the whole window
+    # a duration-bounded run starts with this many; a random or multi-turn one gets more
+    # when it runs low (studyload.refill_for), a finite one ends `exhausted` (warned)
     pool = max(_DEFAULT_NUM_REQUESTS, 20 * args.concurrency)
     _check_size(w, pool, args)
     options = load_options(w, concurrency=args.concurrency, api_key=api_key)
@@ -323,7 +324,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSection:
     if num_requests is None and args.duration is None:
         num_requests = _DEFAULT_NUM_REQUESTS
     try:
-        return WorkloadSection(
+        w = WorkloadSection(
             **{k: v for k, v in values.items() if v is not None},
             # as bench_serving, a run is bounded by time only when asked (--duration)
             num_requests=num_requests,
@@ -338,20 +339,32 @@ def _workload(args: argparse.Namespace) -> WorkloadSection:
         raise ConfigError(
             err["msg"].removeprefix("Value error, "), key=_flag(args, field)
         ) from None
+    # a flag the chosen workload would ignore is refused, as a study file's key is (only the
+    # flags typed: an untyped one holds a default, e.g. --range-ratio's 0)
+    given = {k for k in WorkloadSection.model_fields if _DEST_OF.get(k, k) in args.typed}
+    if (found := w.ignored_key(given)) is not None:
+        why = found[1]
+        for word, flag in (("kind ", "--workload "), ("set kind", "set --workload")):
+            why = why.replace(word, flag)
+        why = why.replace("set backend", "set --backend")
+        raise ConfigError(why, key=_flag(args, found[0]))
+    return w
 
 
 def run(args: argparse.Namespace) -> int:
     from tuner.loadgen import run_load_sync
+    from tuner.studyload import refill_for
 
     w, requests, options = _plan(args)
+    more = refill_for(w)
     if args.no_progress:
-        result = run_load_sync(args.url, requests, options)
+        result = run_load_sync(args.url, requests, options, more=more)
     else:
         from rich.console import Console
         from rich.progress import Progress
 
         with Progress(console=Console(stderr=True), transient=True) as progress:
-            result = run_load_sync(args.url, requests, options, progress)
+            result = run_load_sync(args.url, requests, options, progress, more=more)
     m = result.metrics()
     if m.completed == 0 and m.errors and set(m.error_kinds) == {"connection"}:
         raise HostUnreachable(f"cannot reach {args.url}: every request failed to connect")
@@ -362,6 +375,15 @@ def run(args: argparse.Namespace) -> int:
         **result.summary(),
     }
     _print_summary(out)
+    if result.exhausted:
+        import sys
+
+        print(
+            f"warning: every one of the {len(requests):,} {w.kind} requests was sent in "
+            f"{result.duration_s:.1f} s of the {w.duration_s:g} s asked (--duration): the "
+            "figures measure that shorter window; give more requests",
+            file=sys.stderr,
+        )
     if args.json:
         from tuner.export import write_text
 

@@ -55,6 +55,6 @@ def self_check(
         reasons.append(f"event loop lag p99 {p99:.0f} ms > {opt.max_loop_lag_ms:.0f} ms")
     if cpu > opt.max_client_cpu:
         reasons.append(f"client CPU {cpu:.0%} of one core > {opt.max_client_cpu:.0%}")
-    if connector_limit and connector_limit < opt.concurrency:
+    if connector_limit and connector_limit < opt.slots:
         reasons.append(f"connector limit {connector_limit} < concurrency {opt.concurrency}")
     return SelfCheck(not reasons, tuple(reasons), p99, mx, cpu)

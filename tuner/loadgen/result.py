@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.loadgen.options import LoadOptions
 from tuner.metrics import Metrics, RequestRecord, ServerView, bench_serving_json, summarize
 
 
@@ -43,7 +44,11 @@ class LoadProgress:
 class LoadResult:
     """A finished run: records, timed duration, self-check, the server's view, why it stopped.
 
-    `stopped`: "done" (every request ended), "duration", "error_budget" (flagged), or
+    `stopped`: "done" (every request ended; `exhausted` when that was before the window asked
+    for: a finite list ran out, so it measured a shorter window), "duration",
+    "error_budget" (flagged; its `error_rate` is then failures over every request sent, in
+    flight ones counted as not failed: a lower bound, where failures over ended requests would
+    count the fast failures and not the slow successes), or
     "unresponsive": requests were in flight and the server sent nothing (no status line, no
     byte) for the stall bound, or answered none of the warm-up (then `records` is empty).
     Unlike ordinary errors, that is a server that may have hung: the trial runner probes it.
@@ -56,6 +61,8 @@ class LoadResult:
     server: ServerView | None
     stopped: str
     silent_s: float = 0.0
+    options: LoadOptions | None = None  # how it was sent (its max_concurrency is reported)
+    exhausted: bool = False
 
     @property
     def unresponsive(self) -> bool:
@@ -75,9 +82,17 @@ class LoadResult:
         """JSON-ready: bench_serving's keys, why the run stopped, the self-check, the server's view."""
         m = self.metrics()
         sc = self.self_check
+        out = {**bench_serving_json(m)}
+        if self.stopped == "error_budget":
+            sent = m.completed + m.errors + m.cancelled
+            out["error_rate"] = m.errors / sent if sent else 0.0
+            out["error_rate_of_ended"] = m.error_rate
+        if self.options is not None:
+            out["max_concurrency"] = self.options.concurrency  # None: no cap (a rate)
         return {
-            **bench_serving_json(m),
+            **out,
             "stopped": self.stopped,
+            "exhausted": self.exhausted,
             "silent_s": round(self.silent_s, 3),
             "flagged": self.flagged,
             "self_check": {

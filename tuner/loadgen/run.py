@@ -24,7 +24,7 @@ from tuner.loadgen.client import Client, RequestState, send_one
 from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import LoadOptions
 from tuner.loadgen.result import LoadProgress, LoadResult
-from tuner.loadgen.timed import TimedRun
+from tuner.loadgen.timed import Refill, TimedRun
 from tuner.metrics import RequestRecord
 from tuner.workload import Request
 
@@ -40,7 +40,9 @@ Tick = Callable[[LoadProgress], None]
 
 def make_session(options: LoadOptions) -> aiohttp.ClientSession:
     """One session whose connector never queues below the client's own concurrency."""
-    connector = aiohttp.TCPConnector(limit=max(100, options.concurrency + 16), limit_per_host=0)
+    # no cap (a Poisson rate without a concurrency): no connector limit either
+    limit = 0 if options.concurrency is None else max(100, options.concurrency + 16)
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 
@@ -53,6 +55,7 @@ def run_load_sync(
     time_limit_s: float | None = None,
     on_phase: Phase | None = None,
     on_progress: Tick | None = None,
+    more: Refill | None = None,
 ) -> LoadResult:
     """`run_load` in a fresh event loop with a session from `make_session`."""
 
@@ -67,6 +70,7 @@ def run_load_sync(
                 time_limit_s=time_limit_s,
                 on_phase=on_phase,
                 on_progress=on_progress,
+                more=more,
             )
 
     return asyncio.run(main())
@@ -82,19 +86,22 @@ async def run_load(
     time_limit_s: float | None = None,
     on_phase: Phase | None = None,
     on_progress: Tick | None = None,
+    more: Refill | None = None,
 ) -> LoadResult:
-    """Warm up, optionally flush the cache, then one timed run of `requests` per `options`.
+    """Warm up, optionally flush the cache, then one timed run of `requests` per `options`;
+    `more(start, n)` extends a duration-bound run's list when it runs out (timed.py).
 
     Raises TrialTimeout when the whole run outlives `time_limit_s` (None: no limit beyond the
     run's own bounds).
     """
     if not requests:
         raise ConfigError("the workload has no requests", key="workload")
+    args = (session, base_url, requests, options, progress, on_phase, on_progress, more)
     if time_limit_s is None:
-        return await _run(session, base_url, requests, options, progress, on_phase, on_progress)
+        return await _run(*args)
     try:
         async with asyncio.timeout(max(0.0, time_limit_s)) as cm:
-            return await _run(session, base_url, requests, options, progress, on_phase, on_progress)
+            return await _run(*args)
     except TimeoutError as exc:
         if not cm.expired():
             raise
@@ -110,6 +117,7 @@ async def _run(
     progress: Progress | None,
     on_phase: Phase | None,
     on_progress: Tick | None = None,
+    more: Refill | None = None,
 ) -> LoadResult:
     bounds = Bounds.of(options)
     client = Client(session, base_url, options)
@@ -119,7 +127,7 @@ async def _run(
         client.model = await client.served_model(bounds.lookup_s)
     if options.warmup_requests:
         t0 = time.perf_counter()
-        await _warmup(client, requests, options.warmup_requests, options.concurrency, bounds)
+        await _warmup(client, requests, options.warmup_requests, options.slots, bounds)
         if client.heard_at < t0:
             # not one status line or byte: measuring this server would only measure the hang
             return unanswered(time.perf_counter() - t0)
@@ -130,7 +138,8 @@ async def _run(
             await asyncio.wait_for(flush, bounds.flush_s)
     if on_phase is not None:
         on_phase("load")
-    return await TimedRun(client, requests, options, progress, bounds, on_progress).run()
+    timed = TimedRun(client, requests, options, progress, bounds, on_progress, more)
+    return await timed.run()
 
 
 def unanswered(silent_s: float) -> LoadResult:

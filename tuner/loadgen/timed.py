@@ -4,7 +4,9 @@ Closed loop at `concurrency` (N workers = bench_serving's semaphore; a request's
 when it holds its slot), optionally fed by seeded Poisson arrivals at `request_rate`. The run
 ends when every request ended, at `duration_s` (in-flight requests are cancelled and recorded
 as cut), when errors exceed the budget, or when the server went silent for the stall bound
-(`Bounds.stall_s`: "unresponsive"). Each request's own deadline is the window's end plus a
+(`Bounds.stall_s`: "unresponsive"). A duration-bound run never ends early because its list ran
+out: `more(start, n)` (random and multi-turn lists) adds requests first; a finite list (shared
+prefixes, a dataset) used up before the window's end stops "done" with `exhausted` set. Each request's own deadline is the window's end plus a
 grace, under the request timeout. The server's /metrics is sampled meanwhile. `on_progress`,
 when given, hears a `LoadProgress` about once a second (the live display's bar and tok/s).
 """
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, make_record, send_one
 from tuner.loadgen.monitor import LagMonitor, self_check
-from tuner.loadgen.options import LoadOptions
+from tuner.loadgen.options import MIN_ERRORS, LoadOptions
 from tuner.loadgen.result import LoadProgress, LoadResult
 from tuner.metrics import RequestRecord, Samples, server_view, total
 from tuner.workload import Request
@@ -34,6 +36,20 @@ if TYPE_CHECKING:
 _WATCH_S = 0.25
 #: how often `on_progress` hears from a run
 PROGRESS_EVERY_S = 1.0
+#: (the next request's index, at least how many) -> more requests of the workload ([]: none)
+Refill = Callable[[int, int], Sequence[Request]]
+
+
+def stock(opt: LoadOptions) -> int:
+    """Requests not yet sent below which a duration-bound run asks for more: two per slot
+    (a rate without a cap: a few hundred, enough for the next refill's wait)."""
+    return 2 * (opt.concurrency or 256)
+
+
+def ended_early(opt: LoadOptions) -> bool:
+    """A run whose every request ended: was a window asked for that the list did not fill
+    (its figures measure a shorter window)?"""
+    return opt.duration_s is not None and opt.num_requests is None
 
 
 def _chains(planned: Sequence[Request]) -> tuple[list[Request], dict[int, Request]]:
@@ -64,12 +80,17 @@ class TimedRun:
         progress: Progress | None,
         bounds: Bounds | None = None,
         on_progress: Callable[[LoadProgress], None] | None = None,
+        more: Refill | None = None,
     ):
         self.client = client
         self.opt = options
         self.bounds = bounds or Bounds.of(options)
         limit = min(len(requests), options.num_requests or len(requests))
         self.planned = list(requests[:limit])
+        # a request count bounds the run by itself: only a window's run is topped up
+        self.more = more if options.duration_s is not None and not options.num_requests else None
+        self.sent = 0
+        self.exhausted = False
         first, self.successor = _chains(self.planned)
         self.ready: asyncio.Queue[Request | None] = asyncio.Queue()
         for r in first:
@@ -104,13 +125,35 @@ class TimedRun:
             # requests to end are the failures, and a share of ended ones would stop a run whose
             # error rate is well inside the budget
             sent = len(self.records) + len(self.inflight)
-            if self.errors > self.opt.max_error_rate * max(sent, 20):
+            budget = self.opt.max_error_rate * max(sent, 20)
+            if self.errors >= MIN_ERRORS and self.errors > budget:
                 self._stop("error_budget")
         nxt = self.successor.get(req.index)
         if nxt is not None:
             self.ready.put_nowait(nxt)
         if self.outstanding <= 0:
+            self.exhausted = ended_early(self.opt)
             self._stop("done")
+
+    def _refill(self) -> None:
+        """Top the list up before a window's run uses it up (same seed, same requests)."""
+        if self.more is None or self.finished.is_set():
+            return
+        if len(self.planned) - self.sent >= stock(self.opt):
+            return
+        start = max((r.index for r in self.planned), default=-1) + 1
+        batch = list(self.more(start, max(stock(self.opt), 256)))
+        if not batch:
+            self.more = None
+            return
+        self.planned.extend(batch)
+        first, successor = _chains(batch)
+        self.successor.update(successor)
+        for r in first:
+            self.ready.put_nowait(r)
+        self.outstanding += len(batch)
+        if self.progress is not None and self.task_id is not None:
+            self.progress.update(self.task_id, total=len(self.planned))
 
     def _stop(self, why: str) -> None:
         if not self.finished.is_set():
@@ -118,6 +161,8 @@ class TimedRun:
             self.finished.set()
 
     async def _send(self, req: Request) -> None:
+        self.sent += 1
+        self._refill()
         st = RequestState()
         left = self.end - time.perf_counter() if math.isfinite(self.end) else None
         timeout = self.bounds.request_timeout(left)
@@ -137,7 +182,7 @@ class TimedRun:
 
     async def _poisson(self) -> None:
         rng = random.Random(self.opt.seed)
-        sem = asyncio.Semaphore(self.opt.concurrency)
+        sem = asyncio.Semaphore(self.opt.slots)
 
         async def gated(req: Request) -> None:
             async with sem:
@@ -173,7 +218,7 @@ class TimedRun:
         if opt.duration_s is not None:
             self.end = self.t0 + opt.duration_s
         if math.isinf(opt.request_rate):
-            drivers = [asyncio.create_task(self._worker()) for _ in range(opt.concurrency)]
+            drivers = [asyncio.create_task(self._worker()) for _ in range(opt.slots)]
         else:
             drivers = [asyncio.create_task(self._poisson())]
         if before is not None:
@@ -194,6 +239,8 @@ class TimedRun:
             server=server_view(before, after, during, wall) if before and after else None,
             stopped=self.stopped,
             silent_s=self.silent_s,
+            options=opt,
+            exhausted=self.exhausted,
         )
 
     async def _watch(self) -> None:

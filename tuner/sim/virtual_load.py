@@ -5,7 +5,8 @@ Mirrors tuner/loadgen step by step, without HTTP and without waiting: the warm-u
 after it, then the timed run -- a closed loop at `concurrency`, or seeded Poisson arrivals gated
 by it -- which ends when every planned request ended, at `duration_s` (requests in flight are
 cut and recorded with what they had received) or when errors pass the budget. Each request is
-sent once, in list order; a multi-turn follow-up is sent once its previous turn finished.
+sent once, in list order; a multi-turn follow-up is sent once its previous turn finished. A
+window's run tops its list up with `more` as loadgen does, or ends `exhausted`.
 
 A request's clock starts when it holds its slot; its tokens arrive at the end of the engine step
 that made them, which is when the HTTP server would stream them. The server's own checks
@@ -25,8 +26,9 @@ from itertools import pairwise
 
 from tuner.errors import TrialTimeout
 from tuner.loadgen.monitor import SKIPPED
-from tuner.loadgen.options import LoadOptions
+from tuner.loadgen.options import MIN_ERRORS, LoadOptions
 from tuner.loadgen.result import LoadResult
+from tuner.loadgen.timed import Refill, ended_early, stock
 from tuner.metrics import RequestRecord, ServerView
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, EngineOOM, EngineStats, QueueFull
@@ -116,10 +118,12 @@ class VirtualRun:
         requests: Sequence[Request],
         opt: LoadOptions,
         ids_cache: dict[tuple[int, str], tuple[int, ...]] | None = None,
+        more: Refill | None = None,
     ):
         self.proc = proc
         self.requests = requests
         self.opt = opt
+        self.more = more
         self._ids = ids_cache if ids_cache is not None else {}
 
     def ids(self, req: Request) -> tuple[int, ...]:
@@ -158,7 +162,7 @@ class VirtualRun:
         inflight = 0
         try:
             while todo or inflight:
-                while todo and inflight < self.opt.concurrency:
+                while todo and inflight < self.opt.slots:
                     req = todo.popleft()
                     try:
                         self.proc.submit(self.ids(req), req.output_len)
@@ -182,22 +186,14 @@ class _Timed:
         self.opt = opt = vr.opt
         limit = min(len(vr.requests), opt.num_requests or len(vr.requests))
         planned = list(vr.requests[:limit])
-        first: list[Request] = []
         self.successor: dict[int, Request] = {}
-        last: dict[int, Request] = {}
-        chained = any(r.conversation is not None for r in planned)
-        for r in sorted(planned, key=lambda r: (r.turn, r.index)) if chained else planned:
-            prev = last.get(r.conversation) if r.conversation is not None else None
-            if prev is None:
-                first.append(r)
-            else:
-                self.successor[prev.index] = r
-            if r.conversation is not None:
-                last[r.conversation] = r
-        self.ready: deque[Request] = deque(
-            sorted(first, key=lambda r: r.index) if chained else first
-        )
+        self.ready: deque[Request] = deque(self._chain(planned))
         self.outstanding = len(planned)
+        self.planned, self.sent = len(planned), 0
+        self.next_index = max((r.index for r in planned), default=-1) + 1
+        # a request count bounds the run by itself: only a window's run is topped up
+        self.more = vr.more if opt.duration_s is not None and not opt.num_requests else None
+        self.exhausted = False
         self.records: list[RequestRecord] = []
         self.flights: dict[str, _Flight] = {}
         self.errors = 0
@@ -209,6 +205,38 @@ class _Timed:
         #: Poisson: the earliest time of the next arrival (it waits while nothing is ready)
         self.next_arrival = math.inf
         self.t0 = self.end = 0.0
+
+    def _chain(self, planned: list[Request]) -> list[Request]:
+        """The requests sendable at once, in order; later turns wait in `successor`."""
+        first: list[Request] = []
+        last: dict[int, Request] = {}
+        chained = any(r.conversation is not None for r in planned)
+        for r in sorted(planned, key=lambda r: (r.turn, r.index)) if chained else planned:
+            prev = last.get(r.conversation) if r.conversation is not None else None
+            if prev is None:
+                first.append(r)
+            else:
+                self.successor[prev.index] = r
+            if r.conversation is not None:
+                last[r.conversation] = r
+        return sorted(first, key=lambda r: r.index) if chained else first
+
+    def _refill(self) -> None:
+        """loadgen's top-up: more requests before a window's run uses its list up."""
+        if self.more is None or self.stopped is not None:
+            return
+        if self.planned - self.sent >= stock(self.opt):
+            return
+        batch = list(self.more(self.next_index, max(stock(self.opt), 256)))
+        if not batch:
+            self.more = None
+            return
+        self.planned += len(batch)
+        self.next_index = max(r.index for r in batch) + 1
+        self.ready.extend(self._chain(batch))
+        self.outstanding += len(batch)
+        if self.poisson and self.next_arrival == math.inf:
+            self.next_arrival = self.proc.now  # the arrivals waited for a ready request
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -233,6 +261,7 @@ class _Timed:
                 if (self.ready or self.arrived) and self.end < math.inf:
                     proc.idle_until(self.end)
                     self._stop("duration")
+                self.exhausted = self.stopped is None and ended_early(opt)
                 self._stop("done")
                 break
             try:
@@ -268,14 +297,14 @@ class _Timed:
         while self.ready and self.next_arrival <= upto and self.stopped is None:
             req, at = self.ready.popleft(), self.next_arrival
             self.next_arrival += self.rng.expovariate(self.opt.request_rate)
-            if len(self.flights) < self.opt.concurrency and not self.arrived:
+            if len(self.flights) < self.opt.slots and not self.arrived:
                 self._send(req, at)
             else:
                 self.arrived.append((req, at))
 
     def _fill(self, now: float) -> None:
         """Free slots take waiting arrivals (Poisson) or the next ready requests (closed loop)."""
-        while len(self.flights) < self.opt.concurrency and self.stopped is None and now < self.end:
+        while len(self.flights) < self.opt.slots and self.stopped is None and now < self.end:
             if self.arrived:
                 self._send(self.arrived.popleft()[0], now)
             elif self.ready and not self.poisson:
@@ -284,6 +313,8 @@ class _Timed:
                 return
 
     def _send(self, req: Request, start: float) -> None:
+        self.sent += 1
+        self._refill()
         try:
             rid = self.proc.submit(self.vr.ids(req), req.output_len)
         except BadRequest as exc:
@@ -354,7 +385,9 @@ class _Timed:
         self.outstanding -= 1
         if not rec.ok and not rec.cancelled:
             self.errors += 1
-            if self.errors > self.opt.max_error_rate * max(len(self.records), 20):
+            sent = len(self.records) + len(self.flights)  # loadgen's rule (timed.py)
+            budget = self.opt.max_error_rate * max(sent, 20)
+            if self.errors >= MIN_ERRORS and self.errors > budget:
                 self._stop("error_budget")
         nxt = self.successor.pop(req.index, None)
         if nxt is not None:
@@ -362,6 +395,7 @@ class _Timed:
             # a Poisson arrival process that waited for a ready request goes on from now
             self.next_arrival = max(self.next_arrival, self.proc.now) if self.poisson else math.inf
         if self.outstanding <= 0:
+            self.exhausted = ended_early(self.opt)
             self._stop("done")
 
     def _cut(self, at: float) -> None:
@@ -389,6 +423,7 @@ class _Timed:
             self_check=SKIPPED,
             server=None,
             stopped="error_budget",
+            options=self.opt,
         )
 
     def _result(self, at: float, view: _ViewSampler) -> LoadResult:
@@ -400,6 +435,8 @@ class _Timed:
             self_check=SKIPPED,
             server=server,
             stopped=self.stopped or "done",
+            options=self.opt,
+            exhausted=self.exhausted,
         )
 
 

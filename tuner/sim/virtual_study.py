@@ -16,13 +16,13 @@ from typing import Any
 from tuner.api import STUDY_MAX_LOOP_LAG_MS, Seams, hardware_of, study_requests
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, HostUnreachable, TunerError
-from tuner.loadgen.options import load_options
 from tuner.loadgen.result import LoadResult
 from tuner.runner import TrialRunner
 from tuner.sim.flags import FlagError, parse_flags
 from tuner.sim.profile import load_profile
 from tuner.sim.virtual_load import VirtualRun
 from tuner.sim.virtual_server import SIM_MODULE, VirtualClock, VirtualServer, sim_args
+from tuner.studyload import refill_for, study_load_options
 from tuner.target import Launch
 from tuner.workload import Request
 
@@ -49,18 +49,14 @@ class VirtualLoad:
         time_limit_s: float | None = None,
         on_phase: Callable[[str], None] | None = None,
     ) -> LoadResult:
-        rate = client.get("request-rate")
-        options = load_options(
-            self.cfg.workload,
-            concurrency=int(client.get("concurrency", 1)),
-            request_rate=None if rate is None else float(rate),
-            max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS,
-        )
+        options = study_load_options(self.cfg, client, max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS)
         proc = self.server.process
         if proc is None:  # what the client meets when nothing listens on the port
             raise HostUnreachable(f"cannot reach {url}: connection refused (no server running)")
         self.runs += 1
-        return VirtualRun(proc, self.requests, options, self._ids).run(time_limit_s, on_phase)
+        more = refill_for(self.cfg.workload)
+        run = VirtualRun(proc, self.requests, options, self._ids, more)
+        return run.run(time_limit_s, on_phase)
 
 
 class NullHost:
@@ -108,10 +104,11 @@ def virtual_seams(
         launch = Launch.of(cfg.target)
         clock = VirtualClock()
         server = VirtualServer(seed, noise=noise, clock=clock)
+        listed = study_requests(cfg) if requests is None else requests
         runner = TrialRunner(
             cfg,
             server,
-            VirtualLoad(server, cfg, study_requests(cfg) if requests is None else requests),
+            VirtualLoad(server, cfg, listed),
             f"virtual://{cfg.study}",  # nothing listens: the load seam takes the engine
             hardware_of(cfg),
             env=launch.env,
@@ -120,6 +117,6 @@ def virtual_seams(
             clock=clock.now,
             sleep=clock.sleep,
         )
-        return Seams(NullHost(), server, runner, launch)  # type: ignore[arg-type]
+        return Seams(NullHost(), server, runner, launch, n_requests=len(listed))  # type: ignore[arg-type]
 
     return build
