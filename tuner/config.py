@@ -24,7 +24,9 @@ from tuner.configbase import (
     MAX_TRIALS,
     Duration,
     Model,
+    bool_choices,
     got,
+    hicache_problem,
     merge_union,
     number_problem,
     parse_duration,
@@ -143,6 +145,13 @@ class ParamSpec(Model):
     when: dict[str, Scalar | list[Scalar] | dict[Comparison, float]] | None = None
     search: Literal["inner", "joint"] | None = None  # concurrency only: see tuner/innertrial.py
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bool_choices(cls, data: Any) -> Any:
+        """`{type: bool, choices: [...]}` samples those choices: true and/or false. One of them
+        alone is a list of one choice (categorical), so the space samples only it."""
+        return bool_choices(data)
+
     @model_validator(mode="after")
     def _shape(self) -> ParamSpec:
         kind = self.kind
@@ -173,6 +182,12 @@ class ParamSpec(Model):
             raise ValueError(f"log scale needs low > 0, got {self.low:g}")
         if self.log and self.step is not None and kind == "float":
             raise ValueError("step and log cannot be combined for a float (optuna's rule)")
+        if self.log and self.step is not None and self.step != 1 and kind == "int":
+            # optuna refuses it only when the study samples, after the study is created
+            raise ValueError(
+                f"step ({self.step:g}) and log cannot be combined for an int: a log range "
+                "takes step 1 (optuna's rule); drop step or log"
+            )
         if self.step is not None and (self.high - self.low) / self.step > MAX_STEPS:
             raise ValueError(
                 f"step {self.step:g} makes more than {MAX_STEPS:,} points from low to high"
@@ -363,6 +378,8 @@ class StudyConfig(Model):
             if name not in self.space:
                 raise ValueError(f"baseline: {name} is not a searched parameter")
         _one_name_per_flag(self.server, self.space)
+        if problem := hicache_problem(self.server):
+            raise ValueError(problem)
         window_ms = (self.workload.duration_s or 0) * 1000
         for limit in ("p99_ttft_ms", "p99_e2e_latency_ms"):
             value = getattr(self.objective.slo, limit)

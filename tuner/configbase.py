@@ -166,3 +166,46 @@ def got(value: Any, brief: str) -> str:
     if isinstance(value, datetime.date):
         return f"(got {brief}: {_KEY_HINTS.get(type(value), _KEY_HINTS[datetime.date])}; quote it)"
     return f"(got {brief})"
+
+
+def bool_choices(data: Any) -> Any:
+    """A `{type: bool, choices: [...]}` search-space entry as it samples: both values are the
+    plain bool; one alone is a list of one choice (categorical), so only it is sampled. Raises
+    ValueError for choices that are not true/false."""
+    if not isinstance(data, dict) or data.get("type") != "bool" or "choices" not in data:
+        return data
+    choices = data["choices"]
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("a bool parameter's choices: expected a list of true and/or false")
+    if bad := [c for c in choices if not isinstance(c, bool)]:
+        raise ValueError(f"a bool parameter's choices are true and/or false (got {bad[0]!r:.40})")
+    unique = list(dict.fromkeys(choices))
+    if len(unique) == 2:
+        return data  # both: the same as no choices (and the same fingerprint as before)
+    return {**data, "type": "categorical", "choices": unique}
+
+
+def hicache_problem(server: dict[str, Any]) -> str | None:
+    """A fixed hicache-size that contradicts a fixed enable-hierarchical-cache. In a study the
+    size decides (0 off, positive on: launch.effective_flags); SGLang itself reads `0` with the
+    flag on as "size the host pool by hicache-ratio", so either reading would surprise."""
+    from tuner.sglang.flags import full_name
+
+    names = {full_name(k): k for k in server}
+    size_key, on_key = names.get("hicache-size"), names.get("enable-hierarchical-cache")
+    if size_key is None or on_key is None:
+        return None
+    size, on = server[size_key], server[on_key]
+    if isinstance(size, bool) or not isinstance(size, int | float) or not isinstance(on, bool):
+        return None  # a wrong type: the flag check names it
+    if on and size == 0:
+        return (
+            f"server: {size_key}: 0 means HiCache off, but {on_key} is true (SGLang would size "
+            "the host pool by hicache-ratio): drop one of them"
+        )
+    if not on and size > 0:
+        return (
+            f"server: {size_key}: a positive size turns HiCache on, but {on_key} is false: "
+            "drop one of them"
+        )
+    return None

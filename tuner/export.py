@@ -22,7 +22,13 @@ import optuna
 from tuner.check.flagset import version_problems
 from tuner.config import StudyConfig
 from tuner.errors import InfraError, TunerError
-from tuner.launch import SECRET_FLAGS, flag_args, render_sglang_yaml
+from tuner.launch import (
+    config_cli_flags,
+    effective_flags,
+    flag_args,
+    is_secret_name,
+    render_sglang_yaml,
+)
 from tuner.results import (
     best_trial,
     completed,
@@ -49,9 +55,11 @@ class NothingToExport(TunerError):
 
 
 def best_flags(cfg: StudyConfig, params: dict[str, Any]) -> dict[str, Any]:
-    """The launch config: the study's fixed flags plus the winner's server-side values."""
-    flags = {**cfg.server, **server_flags(params)}
-    return {k: v for k, v in flags.items() if k not in SECRET_FLAGS}
+    """The launch config: the study's fixed flags plus the winner's server-side values, as the
+    trials launched them (`effective_flags`: SGLang's full names, HiCache as hicache-size says),
+    secrets left out."""
+    flags = effective_flags({**cfg.server, **server_flags(params)})
+    return {k: v for k, v in flags.items() if not is_secret_name(k)}
 
 
 def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
@@ -102,9 +110,17 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
 def render_yaml(data: dict[str, Any]) -> str:
     """SGLang's --config YAML with a comment header of where it came from and what it measured."""
     m, conf = data["metrics"], data["confirmation"]
+    version = _version(data)
+    # switches SGLang's --config refuses (--x/--no-x) are the command line's
+    cli = flag_args(config_cli_flags(data["flags"], version), version)
     header = [
         f"SGLang launch config exported by tuner from study '{data['study']}', trial {data['trial']}",
-        "  use: python -m sglang.launch_server --config best.yaml",
+        "  use: python -m sglang.launch_server --config best.yaml" + "".join(f" {a}" for a in cli),
+        *(
+            ["  (those flags go on the command line: SGLang's --config cannot take --x/--no-x)"]
+            if cli
+            else []
+        ),
         f"measured: {data['value']:,.1f} {data['objective']} ({_what(data['objective'], m)}), "
         f"{m.get('request_throughput', 0):.2f} req/s completed",
         f"  bench_serving's output_throughput (completed requests only): "
@@ -140,7 +156,7 @@ def render_yaml(data: dict[str, Any]) -> str:
     header.append(f"exported {data['exported_at']}; --api-key, if any, goes on the command line")
     header += [f"WARNING: {w}" for w in data.get("warnings", ())]
     header.append("")
-    return render_sglang_yaml(data["flags"], header)
+    return render_sglang_yaml(data["flags"], header, version)
 
 
 def _versus(v: dict[str, Any]) -> str:
@@ -193,8 +209,15 @@ def _what(metric: str, m: dict[str, Any]) -> str:
     return "tok/s"
 
 
+def _version(data: dict[str, Any]) -> str | None:
+    """The winner's SGLang version, without a note after it (`0.5.23 (virtual time)`)."""
+    version = data["server"].get("version")
+    return str(version).split()[0] if version else None
+
+
 def render_cmd(data: dict[str, Any]) -> str:
-    return " ".join(shlex.quote(a) for a in [*LAUNCH, *flag_args(data["flags"])])
+    version = _version(data)
+    return " ".join(shlex.quote(a) for a in [*LAUNCH, *flag_args(data["flags"], version)])
 
 
 def render(data: dict[str, Any], fmt: str) -> str:

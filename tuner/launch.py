@@ -16,23 +16,53 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
+from tuner.sglang.flags import KNOWN_VERSIONS, Flag, boolean_optional, find_flag, full_names
 
 #: flags whose values are secrets: masked wherever a command or config is recorded or printed
 SECRET_FLAGS = frozenset({"api-key", "admin-api-key"})
 REDACTED = "***"
-#: a dash- or underscore-separated word that makes a flag or variable name a secret's
-_SECRET_WORD = re.compile(r"(?:^|[-_])(?:api|admin)?(?:key|token|secret|password|passwd)(?:$|[-_])")
+_SECRET_WORDS = r"(?:key|token|secret|password|passwd)"
+#: a name that ENDS in a secret's word is a secret's (api-key, HF_TOKEN, ssl-keyfile-password);
+#: one that merely has the word inside is SGLang's (tbo-token-distribution-threshold)
+_SECRET_TAIL = re.compile(rf"(?:^|[-_])(?:api|admin|access)?{_SECRET_WORDS}$")
+#: an environment variable with the word anywhere (AWS_SECRET_ACCESS_KEY_ID): its value is only
+#: masked, never refused, so erring on the side of masking costs nothing
+_SECRET_WORD = re.compile(rf"(?:^|[-_])(?:api|admin)?{_SECRET_WORDS}(?:$|[-_])")
 #: secret values shorter than this are not masked in text (masking "1" would garble every log)
 MIN_MASKED_LEN = 4
+#: the simulator's flag naming the SGLang version it plays (a launch template may carry it)
+SIM_VERSION_FLAG = "--sim-sglang-version"
 
 
 def is_secret_name(name: str) -> bool:
-    """True for secret-looking flag or variable names: api-key, HF_TOKEN, DB_PASSWORD, ...
-
-    Whole words only, so `max-total-tokens` is not one.
-    """
+    """True for secret-looking flag names: api-key, or any name ENDING in key, token, secret,
+    password (`hf-token`, `ssl-keyfile-password`); whole words only, so `max-total-tokens` and
+    `tbo-token-distribution-threshold` are not. A flag SGLang types as a number or a switch
+    (`kt-max-deferred-experts-per-token`, an int) holds no secret whatever its name."""
     low = name.lower().lstrip("-")
-    return low in SECRET_FLAGS or bool(_SECRET_WORD.search(low))
+    if low in SECRET_FLAGS:
+        return True
+    if not _SECRET_TAIL.search(low):
+        return False
+    flag = find_flag(low.replace("_", "-"))
+    return flag is None or not _not_text(flag)
+
+
+def _not_text(flag: Flag) -> bool:
+    """A switch or a number: a value that cannot be a key or a password."""
+    if flag.action in ("store_true", BOOLEAN_OPTIONAL):
+        return True
+    return flag.type_name in ("int", "float", "human_readable_int")
+
+
+def is_secret_variable(name: str) -> bool:
+    """An environment variable whose value is masked in every log and file: a secret-looking
+    name, or one with a secret's word anywhere (`AWS_SECRET_ACCESS_KEY_ID`)."""
+    low = name.lower()
+    return is_secret_name(low) or bool(_SECRET_WORD.search(low))
 
 
 @dataclass(frozen=True)
@@ -90,7 +120,7 @@ class LaunchSpec:
     def secret_values(self) -> set[str]:
         """Every value this spec must never show: secret flags and secret-named variables."""
         values = {str(v) for v in self.secret_flags.values() if v is not None}
-        values |= {str(v) for k, v in self.env.items() if is_secret_name(k)}
+        values |= {str(v) for k, v in self.env.items() if is_secret_variable(k)}
         return {v for v in values if len(v) >= MIN_MASKED_LEN}
 
 
@@ -104,22 +134,47 @@ def launch_program(argv: Sequence[str]) -> str | None:
     return rest[0] if rest else None
 
 
-def flag_args(flags: Mapping[str, object]) -> list[str]:
+def flag_args(flags: Mapping[str, object], version: str | None = None) -> list[str]:
     """SGLang flags (dashed names) -> argv, as SGLang's own `--config` expands them.
 
-    `True` emits the bare flag, `False` and `None` drop it, a list becomes `--key a b c`.
+    `True` emits the bare flag, `None` drops it, a list becomes `--key a b c`. `False` drops a
+    store_true flag (its default is off) but is `--no-key` for a `--key/--no-key` switch of
+    that SGLang `version` (BooleanOptionalAction: its default is None, SGLang's own choice, or
+    True, so leaving it out would not mean off).
     """
     argv: list[str] = []
     for key, value in flags.items():
-        if value is None or value is False:
+        if value is None:
             continue
-        if value is True:
+        if value is False:
+            argv += [f"--no-{key}"] if boolean_optional(key, version) else []
+        elif value is True:
             argv.append(f"--{key}")
         elif isinstance(value, list | tuple):
             argv += [f"--{key}", *(_text(v) for v in value)]
         else:
             argv += [f"--{key}", _text(value)]
     return argv
+
+
+def config_cli_flags(flags: Mapping[str, object], version: str | None = None) -> dict[str, Any]:
+    """The flags SGLang's `--config` file cannot carry, which go on the command line instead:
+    `--x/--no-x` switches (0.5.23's ConfigArgumentMerger refuses BooleanOptionalAction keys;
+    0.5.6.post2 has none). Without a known `version`, a flag that is such a switch in any
+    version tuner knows is put there when true (`--x` is then valid in every version)."""
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            continue
+        if boolean_optional(key, version) or (
+            value and version not in KNOWN_VERSIONS and _switch_somewhere(key)
+        ):
+            out[key] = value
+    return out
+
+
+def _switch_somewhere(name: str) -> bool:
+    return any(boolean_optional(name, v) for v in KNOWN_VERSIONS)
 
 
 def _text(value: object) -> str:
@@ -134,23 +189,67 @@ def build_launch(
     port: int,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    version: str | None = None,
 ) -> LaunchSpec:
     """A server start from the launch template and the full flag set (fixed + trial's).
 
-    The target's port always wins over a `port` flag, so the tuner knows where to look.
-    Secret flags go to `secret_flags`, never into argv.
+    The flags are what the server is launched with (`effective_flags`: full names, HiCache
+    consistent with hicache-size). The target's port always wins over a `port` flag, so the
+    tuner knows where to look. Secret flags go to `secret_flags`, never into argv. `version`:
+    the host's SGLang, when known (else the one the simulator's template names), for the
+    form of `false` on a `--x/--no-x` switch.
     """
-    merged = {**dict(flags), "port": port}
+    version = version or launch_version(template)
+    merged = effective_flags({**dict(flags), "port": port})
+    merged["port"] = port
     public = {k: v for k, v in merged.items() if not is_secret_name(k)}
     secret = {k: v for k, v in merged.items() if is_secret_name(k) and v is not None}
     return LaunchSpec(
-        argv=(*template, *flag_args(public)),
+        argv=(*template, *flag_args(public, version)),
         port=port,
         env=dict(env or {}),
         cwd=cwd,
         flags=public,
         secret_flags=secret,
     )
+
+
+def launch_version(template: Sequence[str]) -> str | None:
+    """The SGLang version a launch template names (the simulator's `--sim-sglang-version`), or
+    None: a real SGLang's version is known only once it answers."""
+    args = list(template)
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == SIM_VERSION_FLAG and i + 1 < len(args) else None
+        if arg.startswith(SIM_VERSION_FLAG + "="):
+            value = arg.split("=", 1)[1]
+        if value in KNOWN_VERSIONS:
+            return value
+    return None
+
+
+#: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
+HICACHE_FLAG_PREFIX = "hicache-"
+HICACHE_SIZE = "hicache-size"
+HICACHE_ON = "enable-hierarchical-cache"
+
+
+def effective_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags a server is launched with, from the study's fixed flags and a trial's values:
+    every name as SGLang's full name (an alias or prefix as argparse resolves it), and HiCache
+    as `hicache-size` says, wherever it was set (server: or space:): a positive size turns
+    `enable-hierarchical-cache` on; 0 means HiCache off, so that flag and every `hicache-*`
+    flag are dropped, even one fixed under server:. The launch, the pre-check and the export
+    all judge this set. Raises DuplicateFlagError for one flag under two names."""
+    out = full_names(flags)
+    size = out.get(HICACHE_SIZE)
+    if size is None or isinstance(size, bool):
+        return out
+    if size:
+        out[HICACHE_ON] = True
+        return out
+    return {
+        k: v for k, v in out.items() if k != HICACHE_ON and not k.startswith(HICACHE_FLAG_PREFIX)
+    }
 
 
 def server_log_path(workdir: str | None, study: str, number: int, trial_dir: str) -> str:
@@ -180,14 +279,18 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def render_sglang_yaml(flags: Mapping[str, object], header: Sequence[str] = ()) -> str:
-    """SGLang's `--config` YAML: flat, dashed keys, store_true flags as `true`, secrets left out."""
+def render_sglang_yaml(
+    flags: Mapping[str, object], header: Sequence[str] = (), version: str | None = None
+) -> str:
+    """SGLang's `--config` YAML: flat, dashed keys, store_true flags as `true`, secrets left out,
+    and so are the switches `--config` cannot carry (`config_cli_flags`: the command line's)."""
     import yaml
 
+    cli = config_cli_flags(flags, version)
     body = {
         k: (list(v) if isinstance(v, tuple) else v)
         for k, v in flags.items()
-        if v is not None and v is not False and not is_secret_name(k)
+        if v is not None and v is not False and not is_secret_name(k) and k not in cli
     }
     lines = [f"# {h}".rstrip() for h in header]
     text = yaml.safe_dump(body, sort_keys=False, default_flow_style=False)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner import capacity as cap
+from tuner.launch import effective_flags
 from tuner.sglang.flags import normalize_flags
 
 #: host RAM kept back beyond SGLang's own 10 GiB reserve, for the server's other processes
@@ -176,7 +177,9 @@ def precheck(
 ) -> Verdict:
     """Judge the full flag set (fixed + trial's) before spending a restart on it; `concurrency`:
     the least the trial will load it with (None: unknown, deaths under load are not judged)."""
-    flags = normalize_flags(flags)  # as SGLang reads them: `mem-frac` is --mem-fraction-static
+    # what the server is launched with: `mem-frac` is --mem-fraction-static, and HiCache is on
+    # exactly when the launch turns it on (hicache-size decides, fixed or searched)
+    flags = effective_flags(flags)
     mfs = flags.get("mem-fraction-static")
     if mfs is not None and (learned := _learned(flags, float(mfs), know, concurrency)):
         return learned

@@ -6,13 +6,14 @@ it to a trial state. The server and the load run are seams (constructor argument
 
 Decisions made here: whether a restart is needed (the live server's flags differ, or it died or
 hung), what a failed start teaches the pre-check (`_learn_failure`), whose failure a failed
-start, a death or a hang was, and that a flag the server's parser rejects stops the whole study.
+start, a death or a hang was, and whether a command line SGLang refused stops the study.
 
 Whose failure it was, by evidence (design principle 11):
 
 - a start that failed with SGLang's own evidence against the flags (a class in
   `sglang.failures.CONFIG_FAILURES`: OOM, not enough memory, host memory, args mismatch) is the
-  configuration's: `start_failed`, infeasible. `bad_flag` stops the study (`rejected_flags`).
+  configuration's: `start_failed`, infeasible. `bad_flag` stops the study before any server of
+  this run started (tuner/rejected.py), and is the configuration's after one did.
 - any other failed start (a crash without an SGLang message, not ready in time, a port race)
   is the world's: `world` (tuning.py fails it and retries within bounds; a failure that
   reproduces on every retry becomes the configuration's there).
@@ -39,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.bench_names import trial_run_keys
 from tuner.config import StudyConfig
-from tuner.errors import ConfigError, InfraError, TrialTimeout
+from tuner.errors import InfraError, TrialTimeout
 from tuner.innertrial import InnerSearch, died_at, inner_mode
 from tuner.launch import LaunchSpec, build_launch, server_log_path, shown_command
 from tuner.lifecycle import ServerDeath, StartResult
@@ -57,8 +57,9 @@ from tuner.metrics import goodput
 from tuner.pooled import tails_of
 from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.progress import PhaseChanged
+from tuner.rejected import rejected_flags, study_file_at_fault
 from tuner.sglang.failures import FailureClass, is_config_failure
-from tuner.sglang.flags import normalize_flags, version_hint
+from tuner.sglang.flags import normalize_flags
 from tuner.space import canonical, client_params, server_flags
 from tuner.trial import Status, TrialOutcome, failed_outcome, measured_outcome
 
@@ -107,21 +108,6 @@ def score_load(result: LoadResult, slo: SLOSection) -> dict[str, Any]:
     return out
 
 
-def rejected_flags(cfg: StudyConfig, result: StartResult) -> ConfigError:
-    """The server's argument parser refused the command line: every trial would fail the same
-    way (e.g. a flag this SGLang version lacks), so the study stops instead of burning a night."""
-    evidence = [x for x in result.evidence if x.strip()]
-    said = next((x for x in reversed(evidence) if "error" in x.lower()), result.reason).strip()
-    named = re.findall(r"--[a-z0-9][a-z0-9-]*", said)
-    hints = [f"{f}: {h}" for f in dict.fromkeys(named) if (h := version_hint(f.lstrip("-")))]
-    return ConfigError(
-        f"the server rejected its command line ({said})"
-        + (f" [{'; '.join(hints)}]" if hints else "")
-        + ": check the flags under server: and space: against the SGLang version on the host",
-        file=cfg.source,
-    )
-
-
 class TrialRunner:
     """Runs trials against one server, reusing it when only client-side params change."""
 
@@ -152,6 +138,8 @@ class TrialRunner:
         self.clock, self.sleep = clock, sleep
         self._running_key: str | None = None  # canonical server flags of the live server
         self.pool: int | None = None  # the live server's KV pool (max_total_num_tokens)
+        self.started = False  # a server of this run started: the fixed flags are SGLang's own
+        self.version: str | None = None  # the host's SGLang, once a server said (`--no-x` form)
         self.inner = InnerSearch(cfg) if inner_mode(cfg) else None  # concurrency on a server
         self.reuses = 0
         #: the phase the current (or last) trial reached; one of PHASES
@@ -396,6 +384,7 @@ class TrialRunner:
             target.port,
             self.env,
             target.workdir,
+            self.version,
         )
         (trial_dir / "launch.txt").write_text(shown_command(spec.argv) + "\n")
         self._running_key = None
@@ -410,10 +399,11 @@ class TrialRunner:
         result = self.server.restart(spec, log, launched)
         self._save_log(trial_dir)
         if result.ok:
+            self.started, self.version = True, result.version or self.version
             self._running_key = canonical(flags)
             self.pool = result.max_total_num_tokens
             self._learn_start(result)
-        elif result.failure == FailureClass.BAD_FLAG:
+        elif result.failure == FailureClass.BAD_FLAG and study_file_at_fault(self.started):
             raise rejected_flags(self.cfg, result)
         else:
             self._learn_failure(result.failure, flags, number)

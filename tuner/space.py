@@ -27,8 +27,6 @@ from tuner.scorename import OLD_METRIC_NAMES
 from tuner.sglang.defaults import launch_defaults
 from tuner.sglang.flags import canonical_flag, normalize_flags
 
-#: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
-HICACHE_FLAG_PREFIX = "hicache-"
 _OPS = {
     "gt": lambda a, b: a > b,
     "ge": lambda a, b: a >= b,
@@ -135,22 +133,11 @@ def active_params(params: Mapping[str, Any], space: Mapping[str, ParamSpec]) -> 
 def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
     """The SGLang flags a trial's params ask for (client-side params removed).
 
-    `hicache-size: 0` means HiCache off: the size and every other `hicache-*` flag are dropped.
-    A positive size turns `enable-hierarchical-cache` on.
+    `hicache-size` is kept even at 0: merged over the fixed flags, `launch.effective_flags`
+    turns it into HiCache on or off for the whole set (a fixed `enable-hierarchical-cache`
+    included), as the launch, the pre-check and the export all read it.
     """
-    flags = {k: v for k, v in params.items() if k not in CLIENT_PARAMS}
-    names = {canonical_flag(k) or k: k for k in flags}  # a size given under a prefix counts
-    size = flags.get(names.get("hicache-size", "hicache-size"))
-    if size is not None:
-        if not size:
-            flags = {
-                k: v
-                for k, v in flags.items()
-                if not (canonical_flag(k) or k).startswith(HICACHE_FLAG_PREFIX)
-            }
-        elif "enable-hierarchical-cache" not in names:
-            flags["enable-hierarchical-cache"] = True
-    return flags
+    return {k: v for k, v in params.items() if k not in CLIENT_PARAMS}
 
 
 def sglang_defaults(cfg: StudyConfig, gpu_mem_mib: float | None) -> dict[str, Any]:
@@ -209,16 +196,45 @@ def fingerprint(cfg: StudyConfig) -> dict[str, str]:
         "server": normalize_flags(cfg.server),
         "workload": cfg.workload.model_dump(mode="json"),
         "objective": _objective_as_hashed(cfg),
-        "target": {"host": cfg.target.host, "launch": cfg.target.launch, "gpus": cfg.target.gpus}
-        # another image is another SGLang: only studies in a container add it (older unchanged)
-        | ({"image": cfg.target.container.image} if cfg.target.container else {}),
+        "target": _target_as_hashed(cfg),
     }
-    return {
-        name: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[
-            :16
-        ]
-        for name, value in parts.items()
-    }
+    return {name: _hash16(value) for name, value in parts.items()}
+
+
+def hosted_target_hash(cfg: StudyConfig) -> str:
+    """The target's hash as studies made before workers on several hosts stored it (the host
+    included): such a study resumes, and its stored fingerprint is brought up to date."""
+    return _hash16({"host": cfg.target.host, **_target_as_hashed(cfg)})
+
+
+def _hash16(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _target_as_hashed(cfg: StudyConfig) -> dict[str, Any]:
+    """How the server runs, not where: workers sharing a study each drive their own host (the
+    identity check stops one whose GPU or SGLang differs). What was added later (the
+    environment, the container's options) is hashed only when set, so a study made before
+    keeps its hash; environment values may be secrets, so each is hashed on its own first (the
+    fingerprint is stored)."""
+    target = cfg.target
+    out: dict[str, Any] = {"launch": target.launch, "gpus": target.gpus}
+    if target.env:  # SGLANG_*, NCCL_*, ... change the server's behaviour
+        out["env"] = {k: _digest(v) for k, v in sorted(target.env.items())}
+    box = target.container
+    if box is None:
+        return out
+    out["image"] = box.image  # another image is another SGLang
+    defaults = type(box).model_fields
+    for name in ("run_options", "mounts", "env"):
+        value = getattr(box, name)
+        if value != defaults[name].get_default(call_default_factory=True):
+            out[f"container_{name}"] = value
+    return out
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
 
 
 def _objective_as_hashed(cfg: StudyConfig) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from tuner.config import StudyConfig
 from tuner.errors import ConfigError, InfraError, StudyMismatchError
 from tuner.samplerspace import grid, require_packages
-from tuner.space import fingerprint
+from tuner.space import fingerprint, hosted_target_hash
 from tuner.yamlfile import special_file
 
 HEARTBEAT_S = 30
@@ -332,6 +332,8 @@ def open_study(
     )
     mine = fingerprint(cfg)
     theirs = study.user_attrs.get(FINGERPRINT_ATTR)
+    if theirs is not None and theirs == {**mine, "target": hosted_target_hash(cfg)}:
+        theirs = None  # stored with the host in it, as before: brought up to date
     if theirs is None:
         study.set_user_attr(FINGERPRINT_ATTR, mine)
     elif theirs != mine:

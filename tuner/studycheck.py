@@ -13,7 +13,10 @@ line naming the file and key before anything is written or started:
 - secrets (a flag named ...key, ...token, ...secret, ...password) never in the file;
 - the baseline inside the space (range, step grid, choices), as optuna would otherwise warn;
 - request lengths within the model's context, and the request list (built in memory up front)
-  within `MAX_POOL_TOKENS`; the load window shorter than the trial's timeout.
+  within `MAX_POOL_TOKENS`; the load window shorter than the trial's timeout; a shared-prefix
+  count no larger than its groups hold (each prompt is sent once);
+- the client's concurrency: searched (space.concurrency) or fixed (workload.concurrency), not
+  both (with neither, `tune` refuses the study unless a request rate leaves it uncapped).
 """
 
 from __future__ import annotations
@@ -28,18 +31,21 @@ from tuner.config import CLIENT_PARAMS, MAX_CONCURRENCY, MAX_TOKENS, ParamSpec, 
 from tuner.container import target_problem
 from tuner.errors import ConfigError, TunerError
 from tuner.innertrial import mode_problem
+from tuner.launch import is_secret_name
 from tuner.precheck import hicache_ram_problem, parallel_sizes
 from tuner.samplerspace import sampler_problem
+from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
 from tuner.sglang.flags import KNOWN_VERSIONS, canonical_flag, flags_for
 from tuner.sglang.tables import STORE_TRUE, Flag
 from tuner.space import ordered
+from tuner.workload import DEFAULT_POOL, request_pool
 
-#: requests built for a duration-bounded run when the study gives no count: at least this many,
-#: and 20 per slot of the highest concurrency searched (api.study_requests builds this many)
-DEFAULT_POOL = 2000
+__all__ = ["DEFAULT_POOL", "request_pool"]  # their old home: callers import them from here
+
 #: prompt tokens the request list may hold in all (~36 bytes each as Python ints: ~1.2 GB)
 MAX_POOL_TOKENS = 32_000_000
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
+#: the actions whose values are true/false (`--x`, or `--x/--no-x`)
+SWITCHES = (STORE_TRUE, BOOLEAN_OPTIONAL)
 #: int flags SGLang needs >= 1 (every other int flag: >= 0)
 _AT_LEAST_ONE = frozenset(
     {
@@ -55,14 +61,6 @@ _FRACTIONS = {
     "mem-fraction-static": (0.0, 1.0, False, False),
     "hicache-host-memory-fraction": (0.0, 1.0, False, True),
 }
-
-
-def request_pool(cfg: StudyConfig) -> int:
-    """How many requests the study's list holds (the study file's count, else enough to keep
-    the highest concurrency busy for the whole window)."""
-    top = cfg.space.get("concurrency")
-    high = int(top.high) if top is not None and top.high is not None else 1
-    return cfg.workload.num_requests or max(DEFAULT_POOL, 20 * high)
 
 
 def check_study(cfg: StudyConfig) -> None:
@@ -91,6 +89,7 @@ def check_study(cfg: StudyConfig) -> None:
     _check_host_ram(cfg)
     if cfg.target.container is not None:
         _raise_if(cfg, *target_problem(cfg.target.launch, cfg.target.workdir))
+    _raise_if(cfg, *_concurrency_problem(cfg))
 
 
 def _raise_if(cfg: StudyConfig, key: str, problem: str | None) -> None:
@@ -114,9 +113,10 @@ def _newer_flag(name: str) -> Flag | None:
 
 
 def is_secret(name: str) -> bool:
-    """Does a flag's name say it holds a secret (`api-key`, `hf-token`, `db-password`)?
-    `max-total-tokens` and `tokenizer-path` do not: whole dashed words are compared."""
-    return any(w.endswith(_SECRET_WORDS) for w in name.split("-"))
+    """Does a flag's name say it holds a secret (`api-key`, `hf-token`, `db-password`)? One rule
+    with the launch's masking (launch.is_secret_name): `max-total-tokens`, a number or a switch,
+    does not."""
+    return is_secret_name(name)
 
 
 def _check_name(
@@ -163,7 +163,7 @@ def _type_name(flag: Flag) -> str:
 
 def value_problem(flag: Flag, value: Any) -> str | None:
     """What SGLang's argparse (or its own checks) would refuse in this value; None if fine."""
-    if flag.action == STORE_TRUE:
+    if flag.action in SWITCHES:
         if not isinstance(value, bool):
             return f"a switch: expected true or false (got {value!r})"
         return None
@@ -252,7 +252,7 @@ def _space_problem(name: str, spec: ParamSpec, table: Mapping[str, Flag]) -> str
     if flag is None:
         return None  # target.unchecked_flags: SGLang judges it
     kind = spec.kind
-    if flag.action == STORE_TRUE:
+    if flag.action in SWITCHES:
         if kind == "bool" or (
             kind == "categorical" and all(isinstance(c, bool) for c in spec.choices or [])
         ):
@@ -352,6 +352,16 @@ def _check_host_ram(cfg: StudyConfig) -> None:
         )
 
 
+def _concurrency_problem(cfg: StudyConfig) -> tuple[str, str | None]:
+    """(key, why) when the client's concurrency is set twice (why None: fine). Not set at all
+    is refused when a study runs (studyload.unset_concurrency)."""
+    spec = cfg.space.get("concurrency")
+    if cfg.workload.concurrency is not None and spec is not None and not spec.when:
+        why = "concurrency is also searched under space.concurrency: drop one of them"
+        return "workload.concurrency", why
+    return "workload.concurrency", None
+
+
 def _check_workload(cfg: StudyConfig) -> None:
     """Lengths within the context, the request list within memory, the window within a trial."""
     w = cfg.workload
@@ -373,6 +383,14 @@ def _check_workload(cfg: StudyConfig) -> None:
     elif w.kind == "shared-prefix":
         key, longest = "workload.prefix_len", w.prefix_len + w.question_len
         n = w.num_groups * w.prompts_per_group
+        if w.num_requests is not None and w.num_requests > n:
+            raise ConfigError(
+                f"({w.num_requests:,}) is more than the {n:,} prompts num_groups x "
+                "prompts_per_group make; each is sent once (a repeat would hit the prefix "
+                "cache): lower it, or raise num_groups or prompts_per_group",
+                file=cfg.source,
+                key="workload.num_requests",
+            )
         total = n * longest
         # the list's size is the groups' count as much as the lengths: name the larger factor
         list_key = key if longest >= n else "workload.num_groups"

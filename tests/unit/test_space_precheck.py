@@ -50,10 +50,18 @@ def test_conditional_param_sampled_only_when_active() -> None:
 
 
 def test_server_flags_drop_client_params_and_hicache_when_off() -> None:
+    from tuner.launch import effective_flags
+
+    # the size stays in the trial's flags: HiCache on/off is settled over the whole flag set
     off = server_flags({"hicache-size": 0, "hicache-write-policy": "write_back", "concurrency": 64})
-    assert off == {}
+    assert off == {"hicache-size": 0, "hicache-write-policy": "write_back"}
+    assert effective_flags(off) == {}
     on = server_flags({"hicache-size": 40, "mem-fraction-static": 0.9, "concurrency": 64})
-    assert on == {"hicache-size": 40, "mem-fraction-static": 0.9, "enable-hierarchical-cache": True}
+    assert effective_flags(on) == {
+        "hicache-size": 40,
+        "mem-fraction-static": 0.9,
+        "enable-hierarchical-cache": True,
+    }
 
 
 def test_canonical_ignores_float_noise_and_order() -> None:

@@ -19,7 +19,7 @@ from tuner.results import best_trial, versus_runner_up
 from tuner.runner import TrialRunner
 from tuner.study import make_sampler, make_storage, open_study, storage_url
 from tuner.studyfile import parse_study
-from tuner.trial import CONSTRAINT_KEYS, Attr, named_constraints
+from tuner.trial import CONSTRAINT_KEYS, Attr, is_feasible, named_constraints
 from tuner.tuning import Tuning
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -387,6 +387,32 @@ def test_a_flag_the_server_rejects_stops_the_study(tmp_path: Path) -> None:
     assert "--cuda-graph-max-bs-decode" in str(err.value)  # says what replaced it, and since when
     assert "\n" not in str(err.value)
     assert len(server.restarts) == 1  # one restart spent, not a night of them
+
+
+def test_a_combination_sglang_refuses_after_a_start_is_that_configs_failure(
+    tmp_path: Path,
+) -> None:
+    # the fixed flags started a server (trial 0), so a refusal of trial 1's command line comes
+    # from its searched values: that configuration is infeasible and the night goes on
+    class Picky(FakeServer):
+        def restart(self, spec, log_path, on_launch=None):
+            if float(spec.flags.get("mem-fraction-static", 0)) == 0.9:
+                self.restarts.append(dict(spec.flags))
+                said = "ValueError: The arguments a and b are mutually exclusive"
+                return StartResult(False, "bad_flag", said, evidence=(said,))
+            return super().restart(spec, log_path, on_launch)
+
+    space = {"mem-fraction-static": {"choices": [0.8, 0.9]}, "concurrency": {"choices": [16]}}
+    cfg, study, server, tuning = setup(tmp_path, {**STUDY, "space": space}, server=Picky())
+    study.enqueue_trial({"mem-fraction-static": 0.8, "concurrency": 16})
+    study.enqueue_trial({"mem-fraction-static": 0.9, "concurrency": 16})
+    study.enqueue_trial({"mem-fraction-static": 0.8, "concurrency": 16})
+    tuning.optimize(3, None)
+    first, refused = study.trials[0], study.trials[1]
+    assert first.state == TrialState.COMPLETE and is_feasible(first.constraints)
+    assert refused.state == TrialState.COMPLETE and not is_feasible(refused.constraints)
+    assert refused.user_attrs[Attr.FAILURE] == "bad_flag"
+    assert "mutually exclusive" in refused.user_attrs[Attr.REASON]
 
 
 @pytest.mark.parametrize(("gap", "extra_rounds"), [(0.01, 2), (0.5, 0)])

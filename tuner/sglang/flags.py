@@ -20,6 +20,7 @@ from itertools import pairwise
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
 from tuner.sglang.tables import BASE_VERSION, REPLACED, VERSIONS, Flag, VersionTable, load
 
 __all__ = [
@@ -29,9 +30,13 @@ __all__ = [
     "Flag",
     "UnknownVersionError",
     "add_to_parser",
+    "boolean_optional",
     "canonical_flag",
     "defaults",
+    "find_flag",
     "flags_for",
+    "full_name",
+    "full_names",
     "normalize_flags",
     "option_strings",
     "server_fields",
@@ -132,6 +137,50 @@ def normalize_flags(flags: Mapping[str, Any], version: str = DEFAULT_VERSION) ->
         given[key] = name
         out[key] = value
     return out
+
+
+def find_flag(name: str, version: str | None = None) -> Flag | None:
+    """The flag a name selects: in `version`'s table when that version is known, else in the
+    default table, then in newer ones (newest first: a flag only they know, `enable-hicache`)."""
+    if version in KNOWN_VERSIONS:
+        versions: tuple[str, ...] = (version,)
+    else:
+        versions = (DEFAULT_VERSION, *reversed([v for v in KNOWN_VERSIONS if v != DEFAULT_VERSION]))
+    for v in versions:
+        if (canonical := canonical_flag(name, v)) is not None:
+            return flags_for(v)[canonical]
+    return None
+
+
+def full_name(name: str) -> str:
+    """SGLang's full (canonical) name of a flag given by name, alias or unique prefix, as the
+    default table names it (else the newest table that knows it); unknown names as given.
+    An export and a command line use it: `tp` works only through argparse's prefix matching,
+    and 0.5.23's `--config` matches store_true keys by their exact option string."""
+    flag = find_flag(name)
+    return flag.name if flag is not None else name.removeprefix("--")
+
+
+def full_names(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The same flags under `full_name`s, in the same order; DuplicateFlagError when two names
+    given are one flag."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for name, value in flags.items():
+        key = full_name(name)
+        if key in given:
+            raise DuplicateFlagError(key, (given[key], name))
+        given[key] = name
+        out[key] = value
+    return out
+
+
+def boolean_optional(name: str, version: str | None = None) -> bool:
+    """Is the flag a `--x/--no-x` switch (argparse BooleanOptionalAction) in that SGLang
+    version (None: as `find_flag` resolves it without one)? Its default may be None (SGLang
+    decides) or True, so `false` must be said as `--no-x`, never by leaving the flag out."""
+    flag = find_flag(name, version)
+    return flag is not None and flag.action == BOOLEAN_OPTIONAL
 
 
 def defaults(version: str = DEFAULT_VERSION) -> dict[str, Any]:

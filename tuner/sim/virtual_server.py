@@ -118,7 +118,9 @@ class VirtualServer:
             "max_total_num_tokens": plan.max_total_num_tokens,
             "mem_fraction_static": d.mem_fraction_static,
             "max_running_requests": plan.max_running_requests,
-            "version": srv.profile.version + VIRTUAL_MARK,
+            # the version played, as the HTTP simulator's /server_info says (`--sim-sglang-version`)
+            "version": (getattr(srv.ns, "sim_sglang_version", None) or srv.profile.version)
+            + VIRTUAL_MARK,
         }
         timings = Timings(start_to_ready_s=startup_s, total_s=startup_s)
         wrong = mismatches({**spec.flags, "port": spec.port}, srv.server_args())
