@@ -8,6 +8,7 @@ calls it and prints.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,12 +115,16 @@ class Seams:
         self.server.adopt(pgid, self.launch.marker, "", port)
         self.server.stop()
 
-    def close(self) -> None:
+    def close(self, quiet: bool = False) -> None:
+        """Stop the last server and close the host; `quiet`: the run is ending on an error
+        already, which a host that is down (and so cannot stop the server) must not hide: the
+        next run stops that server (its process group stays recorded)."""
         try:
-            self.runner.stop()
-            logs = getattr(self.server, "logs", None)  # a host's (a virtual server has none)
-            if logs is not None:
-                logs.sweep()  # the last server's log was fetched when its trial ended
+            with contextlib.suppress(*((InfraError,) if quiet else ())):
+                self.runner.stop()
+                logs = getattr(self.server, "logs", None)  # a host's (a virtual server: none)
+                if logs is not None:
+                    logs.sweep()  # the last server's log was fetched when its trial ended
         finally:
             try:
                 if self.endpoint is not None:
@@ -195,6 +200,7 @@ def tune(
     out_dir = study_dir(cfg, runs_dir)
     check_study_dir(out_dir)
     seams = (make_seams or build_seams)(cfg, api_key, marker_for(cfg.study, worker, out_dir))
+    ended = False
     try:
         study = open_study(cfg, make_storage(url, cfg.budget.infra_retries), sampler)
         reseed_on_resume(cfg, study, seed, worker)
@@ -215,6 +221,7 @@ def tune(
                     (lambda: not others_alive(lock)) if isinstance(url, DefaultURL) else None
                 ),
                 on_progress=events.on_progress,
+                on_wait=lambda text: events.say(f"waiting: {text}"),
             )
             watch_seams(seams, events)
             result = TuneResult(study, tuning.stats)
@@ -222,8 +229,9 @@ def tune(
             result.reuses = seams.runner.reuses
             if feasible_trials(study):
                 result.best_path, result.best_yaml = write_best(cfg, study, out_dir)
+        ended = True
     finally:
-        seams.close()
+        seams.close(quiet=not ended)
     return result
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -68,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tuner` console script; returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = None
+    # paramiko's transport thread logs a traceback for every connection a down host refuses
+    # (and a line for each forward the server's port refused while it started): the tuner
+    # says what failed in its own one line, so they stay off the user's terminal
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     try:
         if args_list[:1] == ["sim"]:
             from tuner.sim.__main__ import main as sim_main

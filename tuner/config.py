@@ -12,7 +12,7 @@ import re
 import reprlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -247,6 +247,9 @@ class BudgetSection(Model):
     infra_retries: int = Field(2, ge=0, le=20)
     #: this many trials in a row failing for the world's reasons stop the study (exit 1)
     max_consecutive_infra_failures: int = Field(3, ge=1, le=100)
+    #: once a server of the run started, world failures are ridden out this long (a reboot, an
+    #: sshd restart), pausing between trials, before those failures stop the study; 0: never
+    outage_tolerance: Annotated[float, Field(ge=0, le=MAX_DURATION_S)] = 900.0
     #: after a new server measures, try this many neighbouring concurrencies on it (no restart):
     #: up by 1.5x while the SLOs hold, down by 1.5x when they are missed
     concurrency_probes: int = Field(1, ge=0, le=4)
@@ -256,6 +259,11 @@ class BudgetSection(Model):
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
+
+    @field_validator("outage_tolerance", mode="before")
+    @classmethod
+    def _tolerance(cls, v: Any) -> Any:
+        return parse_duration(v, zero_ok=True)
 
 
 class SamplerSection(Model):

@@ -26,8 +26,8 @@ MAX_STEPS = 1_000_000
 MAX_INT = 2**53
 
 
-def parse_duration(value: str | float | int) -> float:
-    """`90`, `90s`, `15m`, `8h`, `1d` -> seconds."""
+def parse_duration(value: str | float | int, zero_ok: bool = False) -> float:
+    """`90`, `90s`, `15m`, `8h`, `1d` -> seconds (`zero_ok`: 0 too, a bound that is off)."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected a duration like 90s, 15m or 8h, got {_kind(value)}")
     if isinstance(value, int) and abs(value) > MAX_INT:
@@ -39,8 +39,9 @@ def parse_duration(value: str | float | int) -> float:
         if not m:
             raise ValueError(f"expected a duration like 90s, 15m or 8h, got {value!r}")
         seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a duration must be positive and finite, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+        which = "positive (or 0)" if zero_ok else "positive"
+        raise ValueError(f"a duration must be {which} and finite, got {value!r}")
     if seconds > MAX_DURATION_S:
         raise ValueError(f"a duration must be at most 7d ({MAX_DURATION_S:g} s), got {value!r}")
     return seconds

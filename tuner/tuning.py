@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import socket
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +70,7 @@ from tuner.trial import (
     named_constraints,
     retry_attrs,
 )
+from tuner.watchdog import WATCHDOG_GRACE_S, watchdog
 
 IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
@@ -100,35 +99,6 @@ STATE_OF: Mapping[Status, TrialState] = {
     Status.FLAGGED: TrialState.FAIL,
     Status.WORLD: TrialState.FAIL,
 }
-
-
-#: the watchdog fires this long after budget.trial_timeout: the runner's own deadline comes first,
-#: and stopping the server after it needs time of its own
-WATCHDOG_GRACE_S = 60.0
-
-
-@contextlib.contextmanager
-def watchdog(seconds: float, phase: Callable[[], str]) -> Iterator[None]:
-    """Raise TrialTimeout in this thread if the block outlives `seconds`.
-
-    A backstop behind the runner's deadlines, for a wait that ignores them (a read that hangs
-    below a timeout, a library without one). Only the main thread receives SIGALRM, so elsewhere
-    (a library caller's thread) the block runs unguarded.
-    """
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def fire(signum: int, frame: object) -> None:
-        raise TrialTimeout(f"budget.trial_timeout passed during {phase()} (watchdog)")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def default_worker(host: str) -> str:
@@ -162,6 +132,7 @@ class Tuning:
         stop_group: Callable[[int], None] | None = None,
         claim_unowned: Callable[[], bool] | None = None,
         on_progress: Callable[[TrialStarted], None] | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ):
         self.cfg = cfg
         self.study = study
@@ -178,6 +149,7 @@ class Tuning:
         self.confirm_error: str | None = None
         #: hears a TrialStarted as each trial and confirmation run begins (the live display)
         self.on_progress = on_progress
+        self.on_wait = on_wait  # hears why the loop pauses (a host that fails: callbacks.py)
         self._repeats = 0
 
     # --- start-up ---------------------------------------------------------------------------
@@ -235,15 +207,26 @@ class Tuning:
         """
         if self.remaining(n_trials) == 0:
             return
-        runaway = HaltOnRunaway(self.cfg.budget.max_consecutive_infra_failures, self.worker)
+        b, clock = self.cfg.budget, self.runner.clock
+        runaway = HaltOnRunaway(
+            b.max_consecutive_infra_failures,
+            self.worker,
+            b.outage_tolerance,
+            worked=lambda: self.runner.started,
+            clock=clock,
+            sleep=self.runner.sleep,
+            on_wait=self.on_wait,
+            deadline=None if timeout_s is None else clock() + timeout_s,
+        )
         callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
-            RetryInfraFailures(self.cfg.budget.infra_retries),
-            runaway,
-            ProbeConcurrency(self.cfg.space.get("concurrency"), self.cfg.budget, n_trials),
+            RetryInfraFailures(b.infra_retries),
+            ProbeConcurrency(self.cfg.space.get("concurrency"), b, n_trials),
         ]
         if self.on_trial:
             callbacks.append(Progress(self.on_trial))
+        callbacks.append(runaway)  # last: the trial is told before an outage's pause
+        ended = False
         try:
             self.study.optimize(
                 self.objective,
@@ -252,8 +235,12 @@ class Tuning:
                 callbacks=callbacks,
                 gc_after_trial=False,
             )
+            ended = True
         finally:
-            self.runner.stop()
+            if ended and runaway.halted is None:
+                self.runner.stop()
+            else:  # a host that is down cannot stop its server: that must not hide why
+                self._stop_quietly()
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         if runaway.halted:
             raise InfraRunaway(runaway.halted)

@@ -279,6 +279,8 @@ def cases() -> list[Case]:
         )
     )
     add(study_case("trial-timeout-neg", "budget.trial_timeout", -5, "budget.trial_timeout"))
+    add(study_case("outage-neg", "budget.outage_tolerance", "-5m", "budget.outage_tolerance"))
+    add(study_case("outage-8d", "budget.outage_tolerance", "8d", "budget.outage_tolerance", "7d"))
     add(study_case("seed-neg", "sampler.seed", -1, "sampler.seed"))
     add(study_case("seed-huge", "sampler.seed", 2**40, "sampler.seed"))
     add(study_case("confirm-neg", "budget.confirm_top", -1, "budget.confirm_top"))

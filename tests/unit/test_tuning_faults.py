@@ -23,7 +23,7 @@ from tuner.errors import (
 )
 from tuner.lifecycle import StartResult
 from tuner.trial import Attr, Status, named_constraints
-from tuner.tuning import watchdog
+from tuner.watchdog import watchdog
 from tuner.worklock import WorkerLock, lock_path, marker_for
 
 
@@ -47,6 +47,39 @@ def unreachable(n: int) -> StartResult:
     raise HostUnreachable(f"ssh 127.0.0.1:1: connection refused (attempt {n})")
 
 
+class FakeTime:
+    """The runner's clock and sleep: time passes only in pauses, which are recorded."""
+
+    def __init__(self, tuning) -> None:
+        self.now = 0.0
+        self.pauses: list[float] = []
+        self.waits: list[str] = []  # what the loop said while it paused (Tuning.on_wait)
+        tuning.runner.clock, tuning.runner.sleep = self.clock, self.sleep
+        tuning.on_wait = self.waits.append
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+def down_from_restart(first: int, clock, for_s: float):
+    """Starts fail unreachable from restart number `first` (1-based) for `for_s` of `clock`."""
+    began: list[float] = []
+
+    def fail(n: int) -> StartResult | None:
+        if n < first:
+            return None
+        began.append(began[0] if began else clock())
+        if clock() - began[0] < for_s:
+            raise HostUnreachable(f"ssh 127.0.0.1:1: connection refused (restart {n})")
+        return None
+
+    return fail
+
+
 def test_consecutive_infra_failures_halt_the_study(tmp_path: Path) -> None:
     cfg, study, server, tuning = setup(tmp_path, server=DownServer(unreachable))
     with pytest.raises(InfraRunaway, match=r"3 trials in a row.*connection refused"):
@@ -58,7 +91,9 @@ def test_consecutive_infra_failures_halt_the_study(tmp_path: Path) -> None:
 def test_a_completed_trial_resets_the_runaway_count(tmp_path: Path) -> None:
     drops = {0, 1, 3, 4}  # two failures, a success, two failures: never three in a row
     server = FakeServer(drop_on=drops)
-    cfg, study, server, tuning = setup(tmp_path, server=server)
+    cfg, study, server, tuning = setup(
+        tmp_path, data={**STUDY, "budget": {"outage_tolerance": 0}}, server=server
+    )
     tuning.optimize(3, None)
     states = [t.state for t in study.trials]
     assert states.count(TrialState.COMPLETE) == 3 and states.count(TrialState.FAIL) == 4
@@ -140,10 +175,64 @@ def test_a_host_that_breaks_mid_night_costs_at_most_one_false_cliff(tmp_path: Pa
         return StartResult(False, "timeout", "not ready within 15 s; killed", pgid=4242)
 
     cfg, study, server, tuning = setup(tmp_path, server=DownServer(breaks_after_first))
-    with pytest.raises(InfraRunaway, match="3 trials in a row"):
+    time = FakeTime(tuning)
+    with pytest.raises(InfraRunaway, match=r"in a row failed .* over \d+ s"):
         tuning.optimize(20, None)
     reproduced = [t for t in study.trials if t.user_attrs.get(Attr.REPRODUCED)]
     assert len(reproduced) == 1  # the first chain after the break, then no more proof
+    # ridden out for budget.outage_tolerance (900 s) first, in pauses that double to a minute
+    assert 900 <= time.now <= 960 and max(time.pauses) == 60 and time.pauses[:3] == [5, 10, 20]
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert len(failed) <= 900 / 60 + 6  # a bounded number of trials, not a night of them
+
+
+def test_an_outage_after_the_host_worked_is_ridden_out(tmp_path: Path) -> None:
+    """sshd restarts for 25 s mid-night: every start in it fails at once, the first retry at
+    once too; the loop pauses (5, 10, 20 s), the host is back, and the study completes, no
+    cliff written."""
+    server = DownServer(lambda n: None)
+    cfg, study, server, tuning = setup(tmp_path, server=server)
+    time = FakeTime(tuning)
+    server.fail = down_from_restart(2, time.clock, 25.0)
+    tuning.optimize(6, None)
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) >= 6 and states.count(TrialState.FAIL) == 4
+    assert time.pauses == [5, 10, 20] and len(time.waits) == 3
+    assert "4 trial(s) in a row" in time.waits[-1] and "outage_tolerance" in time.waits[-1]
+    assert not any(t.user_attrs.get(Attr.REPRODUCED) for t in study.trials)
+
+
+def test_no_tolerance_stops_at_the_limit_without_waiting(tmp_path: Path) -> None:
+    data = {**STUDY, "budget": {"outage_tolerance": "0s"}}
+    server = DownServer(lambda n: None)
+    cfg, study, server, tuning = setup(tmp_path, data, server=server)
+    time = FakeTime(tuning)
+    server.fail = down_from_restart(2, time.clock, 25.0)
+    with pytest.raises(InfraRunaway, match=r"3 trials in a row failed .*; last: .*refused"):
+        tuning.optimize(6, None)
+    assert time.pauses == [] and time.waits == []
+
+
+def test_a_host_down_past_the_tolerance_stops_and_its_stop_failing_hides_nothing(
+    tmp_path: Path,
+) -> None:
+    """The host stays down: the study stops after budget.outage_tolerance with the runaway's
+    reason, even though stopping its last server fails too (the host is down)."""
+
+    class Unstoppable(DownServer):
+        def stop(self):
+            if len(self.restarts) > 1:
+                raise HostUnreachable("ssh 127.0.0.1:1: connection refused (stop)")
+            super().stop()
+
+    data = {**STUDY, "budget": {"outage_tolerance": "2m", "max_consecutive_infra_failures": 4}}
+    server = Unstoppable(lambda n: None)
+    cfg, study, server, tuning = setup(tmp_path, data, server=server)
+    time = FakeTime(tuning)
+    server.fail = down_from_restart(2, time.clock, float("inf"))
+    with pytest.raises(InfraRunaway, match=r"trials in a row failed .* over 1[23]\d s"):
+        tuning.optimize(20, None)
+    assert 120 <= time.now <= 180 and all(p <= 60 for p in time.pauses)
 
 
 def test_a_halt_keeps_the_params_for_the_resumed_run(tmp_path: Path) -> None:
