@@ -57,7 +57,7 @@ from tuner.target import Launch, endpoint_for, env_secret, host_for
 from tuner.trial import Attr, full_params
 from tuner.tuning import TuneStats, Tuning, default_worker
 from tuner.workload import Request, requests_for
-from tuner.worklock import WorkerLock, lock_path, marker_for, others_alive
+from tuner.worklock import WorkerLock, home_of, lock_path, marker_for, others_alive
 
 #: a trial is discarded when the client lags; 50 ms p99 flags healthy runs on a shared 2-core
 #: machine, while a client that is really the bottleneck lags by far more
@@ -222,6 +222,7 @@ def tune(
                 ),
                 on_progress=events.on_progress,
                 on_wait=lambda text: events.say(f"waiting: {text}"),
+                home=home_of(out_dir),
             )
             watch_seams(seams, events)
             result = TuneResult(study, tuning.stats)

@@ -95,6 +95,7 @@ class Attr(StrEnum):
     RESTARTED = "restarted"  # this trial restarted the server (else it reused the running one)
     LAUNCHED = "launched"  # a server process was started for it
     WORKER = "worker"
+    HOME = "worker_home"  # where the worker runs: machine and runs folder (worklock.home_of)
     DUPLICATE_OF = "duplicate_of"  # answered from this earlier trial, nothing run
     INFRA_ERROR = "infra_error"  # the world failed: why (the trial is FAIL)
     SERVER_PGID = "server_pgid"  # process group of the server this trial started

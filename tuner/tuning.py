@@ -57,6 +57,7 @@ from tuner.results import (
 )
 from tuner.runner import TrialRunner
 from tuner.space import sample
+from tuner.study import GRACE_S
 from tuner.trial import (
     CONSTRAINT_KEYS,
     DASHBOARD_CONSTRAINTS,
@@ -71,6 +72,7 @@ from tuner.trial import (
     retry_attrs,
 )
 from tuner.watchdog import WATCHDOG_GRACE_S, watchdog
+from tuner.worklock import alive_elsewhere, refuse_twin, stale_trial_ids
 
 IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
@@ -133,6 +135,7 @@ class Tuning:
         claim_unowned: Callable[[], bool] | None = None,
         on_progress: Callable[[TrialStarted], None] | None = None,
         on_wait: Callable[[str], None] | None = None,
+        home: str | None = None,
     ):
         self.cfg = cfg
         self.study = study
@@ -150,6 +153,8 @@ class Tuning:
         #: hears a TrialStarted as each trial and confirmation run begins (the live display)
         self.on_progress = on_progress
         self.on_wait = on_wait  # hears why the loop pauses (a host that fails: callbacks.py)
+        #: where this run is (worklock.home_of): a same-named worker live elsewhere is refused
+        self.home = home
         self._repeats = 0
 
     # --- start-up ---------------------------------------------------------------------------
@@ -157,10 +162,13 @@ class Tuning:
     def recover(self) -> list[int]:
         """Fail this worker's zombie trials, stop the servers they left, re-enqueue their params."""
         recovered = []
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        stale = stale_trial_ids(self.study) if self.home is not None else None
+        if stale is not None and (twin := alive_elsewhere(running, self.worker, self.home, stale)):
+            raise refuse_twin(twin, self.worker, GRACE_S)  # nothing failed, stopped or written
         left = self.study.user_attrs.get(SERVER_ATTR + self.worker)
         if left and self.stop_group:
             self.stop_group(int(left))
-        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         unowned = bool(self.claim_unowned and self.claim_unowned())
         for t in running:
             owner = t.user_attrs.get(Attr.WORKER)
@@ -248,6 +256,8 @@ class Tuning:
     def objective(self, trial: Trial) -> float | tuple[float, ...]:
         """optuna's objective: sample, dedupe, run under the trial's deadline, report."""
         trial.set_user_attr(Attr.WORKER, self.worker)  # first: a zombie must name its owner
+        if self.home is not None:
+            trial.set_user_attr(Attr.HOME, self.home)
         params = sample(trial, sampled_space(self.cfg))
         if self.on_progress is not None:
             self.on_progress(TrialStarted(trial.number, dict(params)))

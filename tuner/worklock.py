@@ -20,9 +20,16 @@ import hashlib
 import os
 import re
 import socket
+from collections.abc import Collection, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.errors import StudyBusyError
+from tuner.trial import Attr
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 
 def marker_for(study: str, worker: str, study_dir: Path) -> str:
@@ -30,6 +37,45 @@ def marker_for(study: str, worker: str, study_dir: Path) -> str:
     across runs from that folder, unique between workers and between folders."""
     where = str(Path(study_dir).resolve())
     return "tuner-" + hashlib.sha256(f"{study}\0{worker}\0{where}".encode()).hexdigest()[:20]
+
+
+def home_of(study_dir: Path) -> str:
+    """Where a worker runs: this machine and its study's runs folder (the lock's scope)."""
+    return f"{socket.gethostname()}:{Path(study_dir).resolve()}"
+
+
+def alive_elsewhere(
+    running: Iterable[FrozenTrial], worker: str, home: str, stale_ids: Collection[int]
+) -> FrozenTrial | None:
+    """A RUNNING trial of `worker` started from another home (machine or runs folder) whose
+    heartbeat is still fresh (not in `stale_ids`): a live run under the same worker name that
+    the lock cannot see (a shared storage). Its trials are not this run's zombies to fail."""
+    for t in running:
+        a = t.user_attrs
+        mine = a.get(Attr.HOME) in (None, home)  # None: a trial from before homes were kept
+        if a.get(Attr.WORKER) == worker and not mine and t._trial_id not in stale_ids:
+            return t
+    return None
+
+
+def stale_trial_ids(study: optuna.Study) -> set[int] | None:
+    """Ids of the study's RUNNING trials whose heartbeat went stale (as optuna's own
+    fail_stale_trials reads them); None when the storage keeps no heartbeats."""
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    storage = study._storage
+    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+        return None
+    return set(storage._get_stale_trial_ids(study._study_id))
+
+
+def refuse_twin(trial: FrozenTrial, worker: str, grace_s: float) -> StudyBusyError:
+    """The one line for a worker name already live elsewhere (alive_elsewhere)."""
+    return StudyBusyError(
+        f"worker '{worker}' is already running this study from {trial.user_attrs[Attr.HOME]} "
+        f"(trial {trial.number}, its heartbeat fresh): give this run another --worker name "
+        f"(if that run is dead, its trial goes stale within {grace_s:.0f} s)"
+    )
 
 
 def lock_path(study_dir: Path, worker: str) -> Path:
