@@ -221,7 +221,7 @@ def tune(
                     (lambda: not others_alive(lock)) if isinstance(url, DefaultURL) else None
                 ),
                 on_progress=events.on_progress,
-                on_wait=lambda text: events.say(f"waiting: {text}"),
+                say=events.say,
                 home=home_of(out_dir),
             )
             watch_seams(seams, events)

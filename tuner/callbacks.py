@@ -128,6 +128,44 @@ class HaltOnRunaway:
         self.sleep(pause)
 
 
+class LeaveTimeToConfirm:
+    """Stop the trials while the run's `deadline` (`--timeout`, a `clock()` value) still holds
+    the confirmation's `runs` (each a restart and a load run) at the median length of this
+    run's trials that restarted a server: a timeout is the time the night has, confirmation
+    included, and a winner exported unconfirmed is worth less than one trial fewer."""
+
+    def __init__(
+        self,
+        deadline: float,
+        runs: int,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] | None = None,
+    ):
+        self.deadline, self.runs, self.clock, self.say = deadline, runs, clock, say
+        self.lengths: list[float] = []
+        self.stopped = False
+        # a trial's length on the runner's clock (virtual in a virtual study): from the last end
+        self.last = clock()
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        now = self.clock()
+        length, self.last = now - self.last, now
+        if trial.user_attrs.get(Attr.RESTARTED):
+            self.lengths.append(length)
+        if not self.lengths or self.stopped:
+            return
+        one = sorted(self.lengths)[len(self.lengths) // 2]
+        left = self.deadline - now
+        if left <= self.runs * one:
+            self.stopped = True
+            if self.say is not None:
+                self.say(
+                    f"trials stop here: --timeout leaves {left:.0f} s, about what confirmation's "
+                    f"{self.runs} runs take (a restart here takes {one:.0f} s)"
+                )
+            study.stop()
+
+
 class ProbeConcurrency:
     """After a fresh server measured, queue the same server at a neighbouring concurrency:
     measuring it costs no restart. Up by PROBE_FACTOR while the SLOs hold, down when missed,

@@ -27,6 +27,10 @@ ROUNDS_ATTR = "tuner:confirm_rounds"
 Tails = Mapping[str, Any] | None
 
 
+class ConfirmTimeUp(Exception):
+    """The run's --timeout passed during confirmation (not a failure: it ends early)."""
+
+
 def run_value(objective: ObjectiveSection, outcome: TrialOutcome) -> tuple[float, Tails]:
     """A confirmation run's (value, tails) from its outcome (not a FAIL one: those run again)."""
     if outcome.feasible:

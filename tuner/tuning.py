@@ -35,9 +35,15 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner.baseline import aim_baseline, baseline_params, fixed_client
-from tuner.callbacks import HaltOnRunaway, ProbeConcurrency, Progress, RetryInfraFailures
+from tuner.callbacks import (
+    HaltOnRunaway,
+    LeaveTimeToConfirm,
+    ProbeConcurrency,
+    Progress,
+    RetryInfraFailures,
+)
 from tuner.config import StudyConfig
-from tuner.confirmruns import ConfirmRecord, Tails, run_value
+from tuner.confirmruns import ConfirmRecord, ConfirmTimeUp, Tails, run_value
 from tuner.errors import (
     HaltError,
     InfraError,
@@ -49,12 +55,7 @@ from tuner.errors import (
 from tuner.innertrial import sampled_space
 from tuner.progress import TrialStarted
 from tuner.reproduce import counts_as_configs
-from tuner.results import (
-    completed,
-    measured_before,
-    top_trials,
-    unsettled,
-)
+from tuner.results import completed, measured_before, top_trials, unsettled
 from tuner.runner import TrialRunner
 from tuner.space import sample
 from tuner.study import GRACE_S
@@ -134,7 +135,7 @@ class Tuning:
         stop_group: Callable[[int], None] | None = None,
         claim_unowned: Callable[[], bool] | None = None,
         on_progress: Callable[[TrialStarted], None] | None = None,
-        on_wait: Callable[[str], None] | None = None,
+        say: Callable[[str], None] | None = None,
         home: str | None = None,
     ):
         self.cfg = cfg
@@ -152,7 +153,8 @@ class Tuning:
         self.confirm_error: str | None = None
         #: hears a TrialStarted as each trial and confirmation run begins (the live display)
         self.on_progress = on_progress
-        self.on_wait = on_wait  # hears why the loop pauses (a host that fails: callbacks.py)
+        self.say = say  # hears why the loop pauses or stops early (callbacks.py)
+        self.deadline: float | None = None  # the run's --timeout as a runner.clock() value
         #: where this run is (worklock.home_of): a same-named worker live elsewhere is refused
         self.home = home
         self._repeats = 0
@@ -216,6 +218,7 @@ class Tuning:
         if self.remaining(n_trials) == 0:
             return
         b, clock = self.cfg.budget, self.runner.clock
+        self.deadline = None if timeout_s is None else clock() + timeout_s
         runaway = HaltOnRunaway(
             b.max_consecutive_infra_failures,
             self.worker,
@@ -223,8 +226,8 @@ class Tuning:
             worked=lambda: self.runner.started,
             clock=clock,
             sleep=self.runner.sleep,
-            on_wait=self.on_wait,
-            deadline=None if timeout_s is None else clock() + timeout_s,
+            on_wait=self.say and (lambda text: self.say(f"waiting: {text}")),
+            deadline=self.deadline,
         )
         callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
@@ -233,6 +236,9 @@ class Tuning:
         ]
         if self.on_trial:
             callbacks.append(Progress(self.on_trial))
+        if self.deadline is not None and b.confirm_top:
+            runs = b.confirm_top * b.confirm_repeats
+            callbacks.append(LeaveTimeToConfirm(self.deadline, runs, clock, self.say))
         callbacks.append(runaway)  # last: the trial is told before an outage's pause
         ended = False
         try:
@@ -437,9 +443,9 @@ class Tuning:
                     t = self.study.get_trials(deepcopy=False)[number]  # numbers are indexes
                     self._confirm_runs(t, record, len(runs) + 1)
                 record.add_round()
-        except InfraError as exc:
+        except (InfraError, ConfirmTimeUp) as exc:
             # the study itself is done: export what is confirmed so far rather than nothing
-            self.stats.infra_failures += 1
+            self.stats.infra_failures += isinstance(exc, InfraError)
             self.confirm_error = str(exc)
         finally:
             self._stop_quietly()
@@ -464,6 +470,8 @@ class Tuning:
 
     def _confirm_once(self, t: FrozenTrial, n: int) -> tuple[float, Tails] | None:
         """One confirmation run's (value, tails); None when the world spoiled it."""
+        if self.deadline is not None and self.runner.clock() >= self.deadline:
+            raise ConfirmTimeUp("--timeout reached: confirmation stopped; what ran is kept")
         if self.on_progress is not None:
             self.on_progress(TrialStarted(t.number, dict(t.params), n, self._repeats))
         limit = float(self.cfg.budget.trial_timeout)

@@ -53,9 +53,9 @@ class FakeTime:
     def __init__(self, tuning) -> None:
         self.now = 0.0
         self.pauses: list[float] = []
-        self.waits: list[str] = []  # what the loop said while it paused (Tuning.on_wait)
+        self.waits: list[str] = []  # what the loop said while it paused (Tuning.say)
         tuning.runner.clock, tuning.runner.sleep = self.clock, self.sleep
-        tuning.on_wait = self.waits.append
+        tuning.say = self.waits.append
 
     def clock(self) -> float:
         return self.now

@@ -1,0 +1,52 @@
+"""`--timeout` is the time the night has, confirmation included: the trials stop while the
+time left still holds the confirmation's runs (at this run's restart length), and confirmation
+itself starts no run past the deadline; what ran is exported."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from optuna.trial import TrialState
+
+from tests.unit.test_study import STUDY, FakeServer, setup
+
+RESTART_S = 0.3
+
+
+class SlowServer(FakeServer):
+    """Each restart takes RESTART_S of real time (the trials' lengths are optuna's datetimes)."""
+
+    def restart(self, spec, log_path, on_launch=None):
+        time.sleep(RESTART_S)
+        return super().restart(spec, log_path, on_launch)
+
+
+def test_trials_stop_in_time_for_confirmation(tmp_path: Path) -> None:
+    data = {**STUDY, "budget": {"confirm_top": 2, "confirm_repeats": 2}}
+    cfg, study, server, tuning = setup(tmp_path, data, server=SlowServer())
+    said: list[str] = []
+    tuning.say = said.append
+    timeout = 12 * RESTART_S  # room for ~8 trials alone; 4 confirmation runs are kept free
+    began = time.monotonic()
+    tuning.optimize(50, timeout)
+    left = timeout - (time.monotonic() - began)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert 1 <= len(done) < 50
+    assert any("trials stop here" in s and "4 runs" in s for s in said), said
+    # what was left holds the 4 confirmation runs at a restart's length (more on a busy machine)
+    assert left >= 4 * RESTART_S * 0.9, left
+    values = tuning.confirm(top=2, repeats=2)
+    assert tuning.confirm_error is None and sum(len(v) for v in values.values()) == 4
+
+
+def test_confirmation_starts_no_run_past_the_deadline(tmp_path: Path) -> None:
+    data = {**STUDY, "budget": {"confirm_top": 2, "confirm_repeats": 2}}
+    cfg, study, server, tuning = setup(tmp_path, data)
+    tuning.optimize(3, None)
+    restarts = len(server.restarts)
+    tuning.deadline = tuning.runner.clock() - 1  # the run's --timeout has passed
+    assert not any(tuning.confirm(top=2, repeats=2).values())  # no run
+    assert "--timeout reached" in (tuning.confirm_error or "")
+    assert len(server.restarts) == restarts  # no restart spent
+    assert tuning.stats.infra_failures == 0  # running out of time is no failure
