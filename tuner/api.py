@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.capacity import GB, kv_layout
 from tuner.check import before_night
@@ -230,10 +230,23 @@ def tune(
             result.reuses = seams.runner.reuses
             if feasible_trials(study):
                 result.best_path, result.best_yaml = write_best(cfg, study, out_dir)
+                say_others_running(study, worker, events)
         ended = True
     finally:
         seams.close(quiet=not ended)
     return result
+
+
+def say_others_running(study: optuna.Study, worker: str, events: Events) -> None:
+    """A worker that ends while others of its study still run exports the study's best so far:
+    say so, and how to get the final answer."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    others = sorted({str(t.user_attrs.get(Attr.WORKER)) for t in running} - {worker, "None"})
+    if others:
+        events.say(
+            f"note: worker(s) {', '.join(others)} still run this study: this best.yaml is its "
+            "best so far; `tuner export` with the same --storage once they end gives the final"
+        )
 
 
 def window_watch(cfg: StudyConfig, events: Events) -> Callable[[FrozenTrial], None]:

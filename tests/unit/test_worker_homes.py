@@ -79,3 +79,14 @@ def test_trials_record_where_their_worker_ran(tmp_path: Path) -> None:
     tuning.optimize(2, None)
     homes = {t.user_attrs.get(Attr.HOME) for t in study.trials}
     assert homes == {home_of(tmp_path / "a")}
+
+
+def test_a_worker_ending_before_the_others_says_its_best_is_so_far(tmp_path: Path) -> None:
+    from tuner.api import Events, say_others_running
+
+    study, number, cfg = _twin_running(tmp_path, grace_s=600)  # w1's trial runs
+    said: list[str] = []
+    say_others_running(study, "w1", Events(on_message=said.append))
+    assert said == []  # only this worker's own trial runs
+    say_others_running(study, "w2", Events(on_message=said.append))
+    assert len(said) == 1 and "w1 still run" in said[0] and "tuner export" in said[0]
