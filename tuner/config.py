@@ -386,6 +386,14 @@ class StudyConfig(Model):
             if name not in self.space:
                 raise ValueError(f"baseline: {name} is not a searched parameter")
         _one_name_per_flag(self.server, self.space)
+        # launch.build_launch puts target.port there: another port would be silently lost
+        other = {"server": self.server.get("port", self.target.port), "space": self.space}
+        for section, given in other.items():
+            if given != self.target.port and (section == "server" or "port" in given):
+                raise ValueError(
+                    f"{section}: port: the server listens on target.port "
+                    f"({self.target.port}), where the tuner connects: set the port there"
+                )
         if problem := hicache_problem(self.server):
             raise ValueError(problem)
         window_ms = (self.workload.duration_s or 0) * 1000

@@ -279,6 +279,7 @@ def cases() -> list[Case]:
         )
     )
     add(study_case("trial-timeout-neg", "budget.trial_timeout", -5, "budget.trial_timeout"))
+    add(study_case("server-port", "server.port", 1, "server.port", "target.port"))
     add(study_case("outage-neg", "budget.outage_tolerance", "-5m", "budget.outage_tolerance"))
     add(study_case("outage-8d", "budget.outage_tolerance", "8d", "budget.outage_tolerance", "7d"))
     add(study_case("seed-neg", "sampler.seed", -1, "sampler.seed"))
