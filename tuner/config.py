@@ -12,7 +12,7 @@ import re
 import reprlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -23,6 +23,7 @@ from tuner.configbase import (
     MAX_TOKENS,
     MAX_TRIALS,
     Duration,
+    DurationOrOff,
     Model,
     bool_choices,
     got,
@@ -30,6 +31,7 @@ from tuner.configbase import (
     merge_union,
     number_problem,
     parse_duration,
+    port_problem,
     user_loc,
 )
 from tuner.container import ContainerSection
@@ -249,7 +251,7 @@ class BudgetSection(Model):
     max_consecutive_infra_failures: int = Field(3, ge=1, le=100)
     #: once a server of the run started, world failures are ridden out this long (a reboot, an
     #: sshd restart), pausing between trials, before those failures stop the study; 0: never
-    outage_tolerance: Annotated[float, Field(ge=0, le=MAX_DURATION_S)] = 900.0
+    outage_tolerance: DurationOrOff = 900.0
     #: after a new server measures, try this many neighbouring concurrencies on it (no restart):
     #: up by 1.5x while the SLOs hold, down by 1.5x when they are missed
     concurrency_probes: int = Field(1, ge=0, le=4)
@@ -259,11 +261,6 @@ class BudgetSection(Model):
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v)
-
-    @field_validator("outage_tolerance", mode="before")
-    @classmethod
-    def _tolerance(cls, v: Any) -> Any:
-        return parse_duration(v, zero_ok=True)
 
 
 class SamplerSection(Model):
@@ -386,15 +383,7 @@ class StudyConfig(Model):
             if name not in self.space:
                 raise ValueError(f"baseline: {name} is not a searched parameter")
         _one_name_per_flag(self.server, self.space)
-        # launch.build_launch puts target.port there: another port would be silently lost
-        other = {"server": self.server.get("port", self.target.port), "space": self.space}
-        for section, given in other.items():
-            if given != self.target.port and (section == "server" or "port" in given):
-                raise ValueError(
-                    f"{section}: port: the server listens on target.port "
-                    f"({self.target.port}), where the tuner connects: set the port there"
-                )
-        if problem := hicache_problem(self.server):
+        if problem := hicache_problem(self.server) or port_problem(self, self.target.port):
             raise ValueError(problem)
         window_ms = (self.workload.duration_s or 0) * 1000
         for limit in ("p99_ttft_ms", "p99_e2e_latency_ms"):

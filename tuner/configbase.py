@@ -8,7 +8,7 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.ASCII)
 #: the longest wait or run any duration may ask for: a week (a night's budget, with room)
@@ -48,6 +48,12 @@ def parse_duration(value: str | float | int, zero_ok: bool = False) -> float:
 
 
 Duration = Annotated[float, Field(gt=0, le=MAX_DURATION_S)]
+#: a duration where 0 turns the bound off (parsed here: a field of it needs no validator)
+DurationOrOff = Annotated[
+    float,
+    BeforeValidator(lambda v: parse_duration(v, zero_ok=True)),
+    Field(ge=0, le=MAX_DURATION_S),
+]
 
 
 class Model(BaseModel):
@@ -210,3 +216,18 @@ def hicache_problem(server: dict[str, Any]) -> str | None:
             "drop one of them"
         )
     return None
+
+
+def port_problem(cfg: Any, port: int) -> str | None:
+    """A server.port other than target.port, or a searched port: launch.build_launch puts
+    target.port on the command line (where the tuner connects), so either would be lost."""
+    if cfg.server.get("port", port) != port:
+        section = "server"
+    elif "port" in cfg.space:
+        section = "space"
+    else:
+        return None
+    return (
+        f"{section}: port: the server listens on target.port ({port}), where the tuner "
+        "connects: set the port there"
+    )
