@@ -209,8 +209,12 @@ def storage_url(cfg: StudyConfig, runs_dir: Path, override: str | None = None) -
     return DefaultURL(f"sqlite:///{path}")
 
 
-def make_storage(url: str, infra_retries: int) -> RDBStorage:
+def make_storage(url: str, infra_retries: int, *, outage_s: float | None = None) -> RDBStorage:
     """RDBStorage with a heartbeat, so a killed worker's trial becomes FAIL and is retried.
+
+    A PostgreSQL or MySQL storage rides out a database that goes away mid-study (a restart, a
+    failover) for `outage_s` seconds (storageretry.DB_OUTAGE_S when None); a SQLite file
+    does not go down.
 
     A storage that refuses the connection, or a file that turns out damaged, is a ConfigError
     naming `--storage` (the URL's password masked); nothing is created before the URL checks.
@@ -234,6 +238,13 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
     import sqlalchemy.exc
     from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random
 
+    from tuner.storageretry import DB_OUTAGE_S, Outage, ResilientRDBStorage
+
+    # a database server restarts or fails over; a SQLite file does not go down
+    resilient: dict[str, Any] = {}
+    if url.startswith(("postgresql", "mysql")):
+        resilient["outage"] = Outage(DB_OUTAGE_S if outage_s is None else outage_s)
+
     # workers started together on a fresh database race to create optuna's schema: the loser
     # sees "already exists" and simply tries again, finding the tables made
     schema_race = (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)
@@ -248,7 +259,7 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
         with warnings.catch_warnings():
             # the heartbeat is "experimental" since optuna 2.8; it is the documented way to resume
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(
+            return (ResilientRDBStorage if resilient else RDBStorage)(
                 url,
                 engine_kwargs=kwargs,
                 heartbeat_interval=HEARTBEAT_S,
@@ -256,6 +267,7 @@ def make_storage(url: str, infra_retries: int) -> RDBStorage:
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
                     max_retry=infra_retries
                 ),
+                **resilient,
             )
 
     try:
