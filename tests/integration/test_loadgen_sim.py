@@ -74,14 +74,17 @@ def test_shared_prefix_hits_the_server_cache_random_does_not(sim: SimProc) -> No
         seed=3,
     )
     reqs = requests_for(shared, num_requests=32)
-    res = run_load_sync(sim.url, reqs, _opts(flush_cache=True, flush_pause_s=0.1))
+    # 4 streams: a request waits for a slot, so its group's first prefill is done and cached
+    # (at 16 the first wave of 16 may all miss together, 16 x 400 of 32 x 420 tokens = 0.476,
+    # as it did on a busy machine)
+    res = run_load_sync(sim.url, reqs, _opts(4, flush_cache=True, flush_pause_s=0.1))
     assert res.metrics().completed == 32
     hit_shared = res.server.cache_hit_rate
     rand = _reqs(32, input_len=420, output_len=8, range_ratio=1.0, seed=4)
     res = run_load_sync(sim.url, rand, _opts(flush_cache=True, flush_pause_s=0.1))
     hit_random = res.server.cache_hit_rate
-    # 28 of 32 prompts find their 400-token prefix cached: ~0.8 of prompt tokens
-    assert hit_shared > 0.5 > 0.1 > hit_random
+    # at least 28 of 32 prompts find their 400-token prefix cached: >= 0.83 of prompt tokens
+    assert hit_shared > 0.75 > 0.1 > hit_random, (hit_shared, hit_random)
 
 
 def test_multi_turn_history_is_cached_by_the_server(sim: SimProc) -> None:
