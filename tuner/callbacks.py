@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import BudgetSection, ParamSpec
-from tuner.results import completed, measured_before
+from tuner.results import completed, feasible_trials, measured_before
 from tuner.trial import Attr, Status, retry_attrs
 
 #: a probe moves concurrency up (SLOs held) or down (missed) by this factor
@@ -156,7 +156,8 @@ class LeaveTimeToConfirm:
             return
         one = sorted(self.lengths)[len(self.lengths) // 2]
         left = self.deadline - now
-        if left <= self.runs * one:
+        # with nothing feasible yet there is nothing to confirm: the time is the search's
+        if left <= self.runs * one and feasible_trials(study):
             self.stopped = True
             if self.say is not None:
                 self.say(

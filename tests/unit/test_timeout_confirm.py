@@ -50,3 +50,17 @@ def test_confirmation_starts_no_run_past_the_deadline(tmp_path: Path) -> None:
     assert "--timeout reached" in (tuning.confirm_error or "")
     assert len(server.restarts) == restarts  # no restart spent
     assert tuning.stats.infra_failures == 0  # running out of time is no failure
+
+
+def test_with_nothing_feasible_the_time_stays_the_searchs(tmp_path: Path) -> None:
+    # every start dies of a CUDA-graph OOM: nothing to confirm, so nothing is held back
+    data = {**STUDY, "budget": {"confirm_top": 2, "confirm_repeats": 2}}
+    server = SlowServer()
+    server.graph_cliff = 0.0
+    cfg, study, server, tuning = setup(tmp_path, data, server=server)
+    said: list[str] = []
+    tuning.say = said.append
+    began = time.monotonic()
+    tuning.optimize(50, 8 * RESTART_S)
+    assert not any("trials stop here" in s for s in said), said
+    assert time.monotonic() - began >= 8 * RESTART_S  # optuna's own timeout ended it
