@@ -161,12 +161,14 @@ def render_yaml(data: dict[str, Any]) -> str:
 
 def _versus(v: dict[str, Any]) -> str:
     """The winner against the runner-up, in words: a real difference or within the noise."""
+    worth = ""
+    if (odds := v.get("runner_up_odds")) is not None:
+        # the gap is against its worth: a mean near the winner's can be far behind on odds
+        worth = f", worth {v['runner_up_worth']:,.1f} at odds {odds:.2f} it holds its limits"
     head = (
-        f"vs the runner-up (trial {v['runner_up']}, mean {v['runner_up_mean']:,.1f}): "
+        f"vs the runner-up (trial {v['runner_up']}, mean {v['runner_up_mean']:,.1f}{worth}): "
         f"{v['gap_pct']:+.1f}%"
     )
-    if (odds := v.get("runner_up_odds")) is not None:
-        head += f" (odds {odds:.2f} it holds its limits)"
     if v.get("runner_up_missed"):
         return f"vs the runner-up (trial {v['runner_up']}): it missed {v['runner_up_missed'][0]}"
     if v["separated"] is None:

@@ -226,6 +226,7 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
     }
     if second.odds < ODDS_SHOWN:
         out["runner_up_odds"] = second.odds
+        out["runner_up_worth"] = r_mean  # its mean charged by its odds: what gap_pct compares
     if second.missed:  # ranked 0.0: out of the running, whatever the noise
         out["runner_up_missed"] = second.missed
     if dof == 0:

@@ -299,6 +299,7 @@ def test_a_winner_held_by_the_noise_alone_loses_to_a_steady_one(tmp_path: Path) 
     v = versus_runner_up(study)
     assert v is not None and v["runner_up"] == 0 and 0.8 < v["runner_up_odds"] < 0.95
     assert v["runner_up_mean"] == pytest.approx(1200.0)  # what it measured, not its worth
+    assert v["runner_up_worth"] < 1200.0  # what the gap compares: charged by its odds
     assert "odds" in _versus(v)
     # 20% faster, the edge is worth the risk: it wins, and the export says how sure it is
     study = _stored(
