@@ -39,93 +39,107 @@ class RetryInfraFailures:
             )
 
 
-class HaltOnRunaway:
-    """Stop the study when `limit` trials of this worker in a row failed for the world's reasons,
-    unless the host worked in this run and the failures began less than `tolerance_s` ago.
-
-    Failed trials do not count toward `n_trials`, so without this bound an unreachable host
-    turns the night into thousands of failed trials. But a host that worked and then failed
-    (an sshd restart, a reboot, a network blip) fails every trial at once, three in a few
-    seconds: that is ridden out for `tolerance_s` (budget.outage_tolerance), with a pause
-    after each failure but a streak's first that doubles from PAUSE_FIRST_S to PAUSE_MAX_S, so
-    an outage costs a bounded number of trials (about tolerance / PAUSE_MAX_S + 6). A host that never worked
-    in this run (a typo, a key not trusted) stops at `limit` as soon as it is reached.
-
-    Any completed trial resets the count and proves the host works, except a world failure
-    counted as the configuration's (reproduce.py: no server ran). `worked()` says whether a
-    server of this run started (one that later died also proves the host was up).
-    `optuna.Study.stop` ends the loop after this trial; `halted` says why, for the caller to
-    raise. `deadline` (a `clock()` value: the run's timeout) bounds each pause.
-    """
+class RideOut:
+    """The pauses of an outage ridden out: a host that worked (`worked()`) and now fails every
+    try at once (an sshd restart, a reboot, a network blip) is waited for, up to `tolerance_s`
+    (budget.outage_tolerance) from the first failure in a row. No pause after that first one
+    (one failure is a try's bad luck: its retry runs at once), then PAUSE_FIRST_S doubling to
+    PAUSE_MAX_S, never past the tolerance or `deadline` (a `clock()` value: the run's
+    --timeout), so an outage costs about tolerance / PAUSE_MAX_S + 6 tries at most."""
 
     PAUSE_FIRST_S = 5.0
     PAUSE_MAX_S = 60.0
 
     def __init__(
         self,
-        limit: int,
-        worker: str,
         tolerance_s: float = 0.0,
-        *,
         worked: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-        on_wait: Callable[[str], None] | None = None,
+        say: Callable[[str], None] | None = None,
         deadline: float | None = None,
     ):
+        self.tolerance_s, self.worked = tolerance_s, worked
+        self.clock, self.sleep, self.say, self.deadline = clock, sleep, say, deadline
+        self.count = 0
+        self.first: float | None = None  # when this streak's first failure ended
+        self.riding = False  # the last failure was ridden out (tolerance on, host worked)
+
+    def reset(self) -> None:
+        """A try succeeded: the streak is over."""
+        self.count, self.first = 0, None
+
+    def failed(self, what: str) -> bool:
+        """One more failure in a row (`what`: what failed and why); pause and True while it is
+        ridden out, False when it is not (the host never worked, or the tolerance is spent)."""
+        now = self.clock()
+        self.first = now if self.first is None else self.first
+        self.count += 1
+        self.riding = self.tolerance_s > 0 and self.worked()
+        left = self.first + self.tolerance_s - now if self.riding else 0.0
+        if left <= 0:
+            return False
+        pause = min(self.PAUSE_FIRST_S * 2 ** (self.count - 2), self.PAUSE_MAX_S, left)
+        if self.deadline is not None:
+            pause = min(pause, self.deadline - now)
+        if self.count > 1 and pause > 0:
+            if self.say is not None:
+                self.say(
+                    f"waiting: {self.count} tries in a row failed for the world's reasons "
+                    f"(last: {what[:160]}); waiting {pause:.0f} s before the next, for up to "
+                    f"{left:.0f} s more (budget.outage_tolerance)"
+                )
+            self.sleep(pause)
+        return True
+
+
+class HaltOnRunaway:
+    """Stop the study when `limit` trials of this worker in a row failed for the world's reasons,
+    unless `ride` rides the failures out (a host that worked, within budget.outage_tolerance).
+
+    Failed trials do not count toward `n_trials`, so without this bound an unreachable host
+    turns the night into thousands of failed trials; a host that never worked in this run (a
+    typo, a key not trusted) stops at `limit` as soon as it is reached. Any completed trial
+    resets the count and proves the host works, except a world failure counted as the
+    configuration's (reproduce.py: no server ran). `optuna.Study.stop` ends the loop after this
+    trial; `halted` says why, for the caller to raise.
+    """
+
+    def __init__(self, limit: int, worker: str, ride: RideOut | None = None):
         self.limit = limit
         self.worker = worker
-        self.tolerance_s = tolerance_s
-        self.worked = worked
-        self.clock, self.sleep, self.on_wait, self.deadline = clock, sleep, on_wait, deadline
-        self.count = 0
-        self.since: float | None = None  # when this streak's first failure ended
+        self.ride = ride or RideOut()
+        worked = self.ride.worked
+        self.ride.worked = lambda: self.completed or worked()
         self.completed = False  # a trial of this worker completed in this run
-        self.paused_s = 0.0
         self.halted: str | None = None
+
+    @property
+    def count(self) -> int:
+        return self.ride.count
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if trial.user_attrs.get(Attr.WORKER) not in (None, self.worker):
             return
         if trial.state == TrialState.COMPLETE:
             if not trial.user_attrs.get(Attr.REPRODUCED):
-                self.count, self.since, self.completed = 0, None, True
+                self.ride.reset()
+                self.completed = True
             return
         if trial.state != TrialState.FAIL or Attr.INFRA_ERROR not in trial.user_attrs:
             return
-        now = self.clock()
-        self.since = now if self.since is None else self.since
-        self.count += 1
         last = str(trial.user_attrs[Attr.INFRA_ERROR])[:300]
-        riding = self.tolerance_s > 0 and (self.completed or self.worked())
-        left = self.since + self.tolerance_s - now if riding else 0.0
-        if self.count >= self.limit and left <= 0:
-            over = f" over {now - self.since:.0f} s" if riding else ""
-            self.halted = (
-                f"{self.count} trials in a row failed for reasons outside their configuration"
-                f"{over} (budget.max_consecutive_infra_failures = {self.limit}"
-                + (f", budget.outage_tolerance = {self.tolerance_s:g} s" if riding else "")
-                + f"); last: {last}"
-            )
-            study.stop()
+        if self.ride.failed(f"trial {trial.number}: {last}") or self.count < self.limit:
             return
-        if not riding:
-            return
-        if self.count == 1:  # one failure is a trial's bad luck: its retry runs at once
-            return
-        pause = min(self.PAUSE_FIRST_S * 2 ** (self.count - 2), self.PAUSE_MAX_S, left)
-        if self.deadline is not None:
-            pause = min(pause, self.deadline - now)
-        if pause <= 0:
-            return
-        if self.on_wait is not None:
-            self.on_wait(
-                f"{self.count} trial(s) in a row failed for the world's reasons (last: "
-                f"{last[:120]}); waiting {pause:.0f} s before the next, for up to "
-                f"{left:.0f} s more (budget.outage_tolerance)"
-            )
-        self.paused_s += pause
-        self.sleep(pause)
+        r = self.ride
+        over = f" over {r.clock() - (r.first or 0):.0f} s" if r.riding else ""
+        self.halted = (
+            f"{self.count} trials in a row failed for reasons outside their configuration"
+            f"{over} (budget.max_consecutive_infra_failures = {self.limit}"
+            + (f", budget.outage_tolerance = {r.tolerance_s:g} s" if r.riding else "")
+            + f"); last: {last}"
+        )
+        study.stop()
 
 
 class LeaveTimeToConfirm:

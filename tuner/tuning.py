@@ -41,6 +41,7 @@ from tuner.callbacks import (
     ProbeConcurrency,
     Progress,
     RetryInfraFailures,
+    RideOut,
 )
 from tuner.config import StudyConfig
 from tuner.confirmruns import ConfirmRecord, ConfirmTimeUp, Tails, run_value
@@ -219,16 +220,7 @@ class Tuning:
             return
         b, clock = self.cfg.budget, self.runner.clock
         self.deadline = None if timeout_s is None else clock() + timeout_s
-        runaway = HaltOnRunaway(
-            b.max_consecutive_infra_failures,
-            self.worker,
-            b.outage_tolerance,
-            worked=lambda: self.runner.started,
-            clock=clock,
-            sleep=self.runner.sleep,
-            on_wait=self.say and (lambda text: self.say(f"waiting: {text}")),
-            deadline=self.deadline,
-        )
+        runaway = HaltOnRunaway(b.max_consecutive_infra_failures, self.worker, self._ride_out())
         callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
             RetryInfraFailures(b.infra_retries),
@@ -452,21 +444,29 @@ class Tuning:
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
         return record.values
 
+    def _ride_out(self) -> RideOut:
+        """How this run waits for a host that worked and went away (callbacks.RideOut)."""
+        r, tolerance = self.runner, self.cfg.budget.outage_tolerance
+        return RideOut(tolerance, lambda: r.started, r.clock, r.sleep, self.say, self.deadline)
+
     def _confirm_runs(self, t: FrozenTrial, record: ConfirmRecord, until: int) -> None:
-        """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried)."""
+        """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried;
+        a host that went away is waited for as between trials: callbacks.RideOut)."""
         runs = record.runs(t.number)
-        spoiled = 0
+        spoiled, ride = 0, self._ride_out()
         while len(runs) < until:
             run = self._confirm_once(t, len(runs) + 1)
             if run is None:
                 spoiled += 1
-                if spoiled > self.cfg.budget.infra_retries:
+                riding = ride.failed(f"a confirmation run of trial {t.number}")
+                if spoiled > self.cfg.budget.infra_retries and not riding:
                     raise InfraError(
                         f"trial {t.number}: {spoiled} confirmation runs failed for "
                         "reasons outside the configuration"
                     )
                 continue
             record.add(t.number, *run)
+            ride.reset()
 
     def _confirm_once(self, t: FrozenTrial, n: int) -> tuple[float, Tails] | None:
         """One confirmation run's (value, tails); None when the world spoiled it."""

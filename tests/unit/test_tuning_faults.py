@@ -198,7 +198,7 @@ def test_an_outage_after_the_host_worked_is_ridden_out(tmp_path: Path) -> None:
     states = [t.state for t in study.trials]
     assert states.count(TrialState.COMPLETE) >= 6 and states.count(TrialState.FAIL) == 4
     assert time.pauses == [5, 10, 20] and len(time.waits) == 3
-    assert "4 trial(s) in a row" in time.waits[-1] and "outage_tolerance" in time.waits[-1]
+    assert "4 tries in a row" in time.waits[-1] and "outage_tolerance" in time.waits[-1]
     assert not any(t.user_attrs.get(Attr.REPRODUCED) for t in study.trials)
 
 
@@ -261,7 +261,8 @@ def test_confirmation_runs_the_world_spoiled_are_not_zeros(tmp_path: Path) -> No
 
 
 def test_confirmation_gives_up_after_the_retries(tmp_path: Path) -> None:
-    cfg, study, server, tuning = setup(tmp_path)
+    data = {**STUDY, "budget": {"outage_tolerance": 0}}  # no outage is ridden out
+    cfg, study, server, tuning = setup(tmp_path, data)
     tuning.optimize(4, None)
     n = len(server.restarts)
     server.drop_on = {n, n + 1, n + 2}
@@ -269,6 +270,21 @@ def test_confirmation_gives_up_after_the_retries(tmp_path: Path) -> None:
     confirmations = tuning.confirm(top=1, repeats=2)
     assert tuning.confirm_error and "3 confirmation runs failed" in tuning.confirm_error
     assert all(v == [] for v in confirmations.values())
+
+
+def test_confirmation_waits_for_a_host_that_went_away(tmp_path: Path) -> None:
+    """The host worked (4 trials), then its next 3 starts fail at once: confirmation pauses
+    (5 and 10 s after the second and third) instead of giving up, and its runs complete."""
+    cfg, study, server, tuning = setup(tmp_path)
+    tuning.optimize(4, None)
+    time = FakeTime(tuning)
+    n = len(server.restarts)
+    server.drop_on = {n, n + 1, n + 2}
+    tuning.runner._running_key = None
+    confirmations = tuning.confirm(top=1, repeats=2)
+    assert tuning.confirm_error is None
+    assert [len(v) for v in confirmations.values()] == [2]
+    assert time.pauses == [5, 10] and "confirmation run" in time.waits[-1]
 
 
 def test_watchdog_interrupts_a_wait_that_ignores_deadlines() -> None:
