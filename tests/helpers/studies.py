@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,3 +62,10 @@ def tuner(*args: str, timeout: float = 300, cwd: Path = REPO) -> subprocess.Comp
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+
+
+def study_trials(study: Path, storage: str) -> list[dict]:
+    """`tuner status STUDY --storage URL --json`'s trials (the study as every worker sees it)."""
+    out = tuner("status", str(study), "--storage", storage, "--json", timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["trials"]

@@ -6,7 +6,6 @@ dir. Every process a test starts is ended by its process group id, even when it 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from tests.helpers.pg import _as_postgres_dying_with_us, _wait_ready, cluster, require_postgres
-from tests.helpers.studies import REPO, study_file
+from tests.helpers.studies import REPO, study_file, study_trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -150,15 +149,7 @@ def test_two_workers_ride_out_a_postgres_restart(tmp_path: Path) -> None:
             assert proc.returncode == 0, err[-3000:]
             assert "Traceback" not in err, err[-3000:]
             print(" | ".join(ln for ln in err.splitlines() if "database" in ln))
-        status = subprocess.run(
-            [*cmds[0][:3], "status", cmds[0][4], "--storage", pg.url, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO,
-        )
-        assert status.returncode == 0, status.stderr
-    trials = json.loads(status.stdout)["trials"]
+        trials = study_trials(Path(cmds[0][4]), pg.url)
     complete = [t for t in trials if t["state"] == "COMPLETE"]
     assert n <= len(complete) <= n + 1  # both may finish one in the same moment
     # a trial whose creation's acknowledgement the outage lost runs nowhere and names no

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 import yaml
 
 from tests.helpers.sshd import assert_group_gone
-from tests.helpers.studies import REPO, study_file
+from tests.helpers.studies import REPO, study_file, study_trials
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -54,15 +53,7 @@ def test_two_workers_share_one_study(tmp_path: Path, postgres_url: str) -> None:
         assert proc.returncode == 0, f"{worker}: {err[-2000:]}"
         assert (tmp_path / worker / "runs" / "shared" / "best.yaml").exists()
     study = procs[0][1]
-    status = subprocess.run(
-        [sys.executable, "-m", "tuner", "status", str(study), "--storage", postgres_url, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-    assert status.returncode == 0, status.stderr
-    trials = json.loads(status.stdout)["trials"]
+    trials = study_trials(study, postgres_url)
     complete = [t for t in trials if t["state"] == "COMPLETE"]
     # each worker stops once the shared count reaches n; both may finish one in the same moment
     assert n <= len(complete) <= n + 1
