@@ -164,7 +164,9 @@ def _versus(v: dict[str, Any]) -> str:
     worth = ""
     if (odds := v.get("runner_up_odds")) is not None:
         # the gap is against its worth: a mean near the winner's can be far behind on odds
-        worth = f", worth {v['runner_up_worth']:,.1f} at odds {odds:.2f} it holds its limits"
+        worth = (
+            f", worth {v['runner_up_worth']:,.1f} at odds {odds:.2f} a fresh start holds its limits"
+        )
     head = (
         f"vs the runner-up (trial {v['runner_up']}, mean {v['runner_up_mean']:,.1f}{worth}): "
         f"{v['gap_pct']:+.1f}%"

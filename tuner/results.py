@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.holdodds import hold_odds, log_ratios, noise_sd
 from tuner.pooled import near_limits, pooled_verdict
 from tuner.space import canonical
-from tuner.trial import Attr, is_feasible
+from tuner.trial import Attr, full_params, is_feasible
 
 #: study attribute prefix of one worker's confirmation runs (+ ":" + worker)
 CONFIRM_ATTR = "tuner:confirmations"
@@ -107,7 +107,7 @@ class Candidate(NamedTuple):
     held: int  # how many of `runs` held every SLO on their own requests
     pooled: dict[str, Any] | None  # pooled_metrics and the limits; None: no pooled verdict
     missed: list[str]  # what the pooled figures miss
-    odds: float = 1.0  # that its pooled p99s hold every limit over all starts (holdodds)
+    odds: float = 1.0  # that its next start holds every latency limit (holdodds)
     worth: float = 0.0  # what it ranks by: `mean`, less when `odds` are below ODDS_STEADY
 
 
@@ -141,7 +141,7 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
     holding over ODDS_STEADY (holdodds: 0.98 of a limit over 3 runs is ~0.9). The first
     measurement held on its own: it is feasible."""
     confirmations, tails = all_confirmations(study), all_confirm_tails(study)
-    trials = top_trials(study, max(len(confirmations), 1))
+    trials = _candidates(study, confirmations)
     every = [_tails(t, tails.get(str(t.number), [])) for t in trials]
     logs = [log_ratios(runs) for runs in every]
     sd = noise_sd(logs)
@@ -160,6 +160,19 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
         worth = min(mean, min(1.0, odds / ODDS_STEADY) * sum(runs) / len(runs))
         out.append(Candidate(t, runs, mean, sum(alone), pooled, missed, odds, worth))
     return sorted(out, key=lambda c: c.worth, reverse=True)
+
+
+def _candidates(study: optuna.Study, confirmations: Mapping[str, Any]) -> list[FrozenTrial]:
+    """The best trials by value, as many as were confirmed (at least one), and every confirmed
+    one besides: a fallback confirmed from deeper in the list (`unsettled`) stays a candidate."""
+    top = top_trials(study, max(len(confirmations), 1))
+    numbers = {t.number for t in top}
+    extra = [
+        t
+        for t in feasible_trials(study)
+        if str(t.number) in confirmations and t.number not in numbers
+    ]
+    return [*top, *extra]
 
 
 def _tails(t: FrozenTrial, kept: Sequence[Any]) -> list[Any]:
@@ -187,13 +200,13 @@ def best_trial(study: optuna.Study) -> tuple[FrozenTrial | None, dict[str, Any]]
 
 def held_note(summary: Mapping[str, Any]) -> str:
     """ ", 3 of 4 runs held the SLOs on their own (a miss counts 0)" when one did not, and
-    ", odds 0.88 its p99s hold their limits over all starts" when it is unsure; else ""."""
+    ", odds 0.88 a fresh start holds its latency limits" when it is unsure; else ""."""
     runs, held = len(summary.get("runs") or ()), summary.get("held")
     note = ""
     if held is not None and held < runs:
         note = f", {held} of {runs} runs held the SLOs on their own (a miss counts 0)"
     if (odds := summary.get("hold_odds")) is not None:
-        note += f", odds {odds:.2f} its p99s hold their limits over all starts"
+        note += f", odds {odds:.2f} a fresh start holds its latency limits"
     return note
 
 
@@ -249,9 +262,8 @@ def unsettled(study: optuna.Study) -> tuple[int, ...]:
     if not ranked or ranked[0].missed:
         return ()
     best = ranked[0]
-    if best.held < len(best.runs) or best.odds < ODDS_STEADY:
-        fresh = top_trials(study, len(ranked) + 1)[len(ranked) :]
-        return (best.trial.number, *(t.number for t in fresh))
+    if _shaky(best):
+        return (best.trial.number, *(t.number for t in _fallback(study, ranked)))
     if best.pooled and near_limits(best.pooled):
         return (best.trial.number,)
     # a faster runner-up held back only by its odds: one more start sharpens them either way
@@ -263,6 +275,42 @@ def unsettled(study: optuna.Study) -> tuple[int, ...]:
     if versus is None or versus["separated"] is not False or not versus["noise_pct"]:
         return ()
     return (best.trial.number, versus["runner_up"])
+
+
+def _shaky(c: Candidate) -> bool:
+    """A run of it missed an SLO alone, its runs miss one pooled, or its odds are not steady."""
+    return bool(c.missed) or c.held < len(c.runs) or c.odds < ODDS_STEADY
+
+
+def _fallback(study: optuna.Study, ranked: Sequence[Candidate]) -> list[FrozenTrial]:
+    """The best configuration not yet a candidate, to confirm beside a shaky winner: one served
+    at less client load (concurrency, else request rate) than every shaky candidate when the
+    study has one. The next by value is mostly one more lucky draw at the same SLO edge (the
+    demo: four trials at concurrency 166, each confirmed and found shaky in turn, while 152 held
+    by 10%); latency tails grow with the queue, so a notch less load is the way off an edge."""
+    taken = {canonical(c.trial.params) for c in ranked}
+    rest = [
+        t
+        for t in top_trials(study, len(feasible_trials(study)))
+        if canonical(t.params) not in taken
+    ]
+    edges = [_load_level(c.trial) for c in ranked if _shaky(c)]
+    if edges and None not in edges:
+        edge = min(e for e in edges if e is not None)
+        lower = [t for t in rest if (c := _load_level(t)) is not None and c < edge]
+        if lower:
+            return lower[:1]
+    return rest[:1]
+
+
+def _load_level(t: FrozenTrial) -> float | None:
+    """The client load a trial served: its concurrency (its inner search's or its param), else
+    its request rate; None when the study fixes both."""
+    params = full_params(t.params, t.user_attrs)
+    for name in ("concurrency", "request-rate"):
+        if isinstance(params.get(name), int | float):
+            return float(params[name])
+    return None
 
 
 def server_info_of(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:

@@ -41,8 +41,14 @@ def test_the_noise_is_pooled_over_repeats_and_never_below_the_floor() -> None:
 def test_odds_fall_as_the_pooled_p99_nears_the_limit_and_rise_with_runs() -> None:
     sd = {"p99_ttft_ms": FLOOR_SD}
     far, edge, over = (hold_odds([_run(ms)] * 3, sd) for ms in (2700, 2950, 3060))
-    assert far > 0.999 and 0.8 < edge < 0.95 and over < 0.1
+    assert far > 0.999 and 0.7 < edge < 0.85 and over < 0.3
     # the same p99 measured on more starts is known better: surer of holding
+    assert hold_odds([_run(2950)] * 8, sd) > edge
+    # ... but never surer than the next start's own noise allows: the odds are the next
+    # start's, not the mean's (which reach 1 with runs enough): 2,950 of 3,000 pooled is
+    # 0.85 sd of one start below the limit, and 1 start in 5 misses however often it ran
+    many = hold_odds([_run(2950)] * 400, sd)
+    assert edge < many < 0.82
     assert hold_odds([_run(2950)] * 8, sd) > edge
     # more noise, less sure
     assert hold_odds([_run(2950)] * 3, {"p99_ttft_ms": 2 * FLOOR_SD}) < edge

@@ -216,11 +216,14 @@ def test_unsettled_names_the_trials_confirmation_runs_again(tmp_path: Path) -> N
     _, summary = best_trial(shaky)
     assert summary["held"] == 3 and summary["spread_pct"] == pytest.approx(100 * 20 / 1200)
     # every start held, but the pooled p99 (49.4 ms over 4 runs) is within the noise of 50 (odds
-    # ~0.88 that it holds over all starts): it runs again beside the best not yet confirmed
+    # ~0.7 that the next start holds): it runs again beside the best not yet confirmed
     assert unsettled(study("b", [near, near, near])) == (0, 2)
-    # 48 ms: within 5% of 50, the winner alone runs again; clear of the noise, no fresh one
+    # 48 ms pooled over 4 runs: the next start misses about 1 in 30, shaky too
     close = _tails(200, 3, 48.0)
-    assert unsettled(study("d", [close, close, close])) == (0,)
+    assert unsettled(study("d", [close, close, close])) == (0, 2)
+    # 47.5 ms (0.95 of 50): the next start holds 99 in 100, and the 30% lead is no contest
+    clear = _tails(200, 3, 47.0)
+    assert unsettled(study("e", [clear, clear, clear])) == ()
     # held by far, and 30% ahead of the runner-up: settled
     assert unsettled(study("c", [held, held, held])) == ()
 
@@ -284,8 +287,8 @@ def test_confirmation_tails_align_with_values_per_worker(tmp_path: Path) -> None
 
 def test_a_winner_held_by_the_noise_alone_loses_to_a_steady_one(tmp_path: Path) -> None:
     # trial 0 is 3% faster and every one of its 4 starts held, p99 TPOT 49.4 ms against 50
-    # pooled: within the noise of one start (FLOOR_SD), odds ~0.88 that its p99 over all starts
-    # holds. Trial 1 holds by 10% on every start: steady, and it wins.
+    # pooled: within the noise of one start (FLOOR_SD), odds ~0.7 that the next start holds.
+    # Trial 1 holds by 10% on every start: steady, and it wins.
     edge, steady = _tails(200, 3, 49.0), _tails(200, 3, 45.0)
     study = _stored(
         tmp_path,
@@ -297,17 +300,60 @@ def test_a_winner_held_by_the_noise_alone_loses_to_a_steady_one(tmp_path: Path) 
     assert best is not None and best.number == 1 and "hold_odds" not in summary
     assert summary["mean"] == pytest.approx(1165.0)  # its throughput, as measured
     v = versus_runner_up(study)
-    assert v is not None and v["runner_up"] == 0 and 0.8 < v["runner_up_odds"] < 0.95
+    assert v is not None and v["runner_up"] == 0 and 0.6 < v["runner_up_odds"] < 0.8
     assert v["runner_up_mean"] == pytest.approx(1200.0)  # what it measured, not its worth
     assert v["runner_up_worth"] < 1200.0  # what the gap compares: charged by its odds
     assert "odds" in _versus(v)
-    # 20% faster, the edge is worth the risk: it wins, and the export says how sure it is
+    # 45% faster, the edge is worth the risk (a start misses about 3 times in 10): it wins, and
+    # the export says how sure it is
     study = _stored(
         tmp_path / "b",
-        {0.9: (1400.0, edge), 0.85: (1165.0, steady)},
-        {"0": [1390.0, 1410.0, 1400.0], "1": [1160.0, 1170.0, 1165.0]},
+        {0.9: (1700.0, edge), 0.85: (1165.0, steady)},
+        {"0": [1690.0, 1710.0, 1700.0], "1": [1160.0, 1170.0, 1165.0]},
         {"0": [edge] * 3, "1": [steady] * 3},
     )
     best, summary = best_trial(study)
-    assert best is not None and best.number == 0 and 0.8 < summary["hold_odds"] < 0.95
+    assert best is not None and best.number == 0 and 0.6 < summary["hold_odds"] < 0.8
     assert "odds" in render_yaml(export_data(_cfg(), study))
+
+
+def _at_loads(
+    first: dict[float, tuple[float, int | None]], confirm: dict[str, list[float]]
+) -> optuna.Study:
+    """Trials (mfs -> first value, the concurrency its inner search chose or None), each first
+    run near the limit; confirmation runs of trial 0 near it too, of the others steady."""
+    near, steady = _tails(200, 3, 49.0), _tails(200, 3, 40.0)
+    study = optuna.create_study(direction="maximize")
+    for mfs, (value, conc) in first.items():
+        client = {} if conc is None else {Attr.CLIENT: {"concurrency": conc}}
+        study.add_trial(
+            create_trial(
+                params={"mem-fraction-static": mfs},
+                distributions={"mem-fraction-static": FloatDistribution(0.8, 0.95)},
+                value=value,
+                user_attrs={Attr.TAILS: near, **client},
+                system_attrs={"constraints": [-1.0] * len(CONSTRAINT_KEYS)},
+            )
+        )
+    tails = {k: [near if k == "0" else steady] * len(v) for k, v in confirm.items()}
+    study.set_user_attr(f"{CONFIRM_ATTR}:w", confirm)
+    study.set_user_attr(f"{CONFIRM_TAILS_ATTR}:w", tails)
+    return study
+
+
+def test_a_shaky_winner_runs_again_beside_a_configuration_at_less_load() -> None:
+    # trial 0 at concurrency 166 holds by the noise alone (p99 49 of 50 ms, odds < 0.975); trial
+    # 1 is the next by value but at the same edge; trial 2 serves 152, a notch off it
+    first = {0.9: (1200.0, 166), 0.85: (1190.0, 166), 0.8: (1150.0, 152)}
+    study = _at_loads(first, {"0": [1195.0, 1205.0]})
+    assert unsettled(study) == (0, 2)
+    # once confirmed steady, the configuration at less load stays a candidate and wins
+    study = _at_loads(first, {"0": [1195.0, 1205.0], "2": [1140.0, 1160.0]})
+    best, _ = best_trial(study)
+    assert best is not None and best.number == 2
+    # nothing served at less load than the edge: the next by value, as before
+    higher = {0.9: (1200.0, 166), 0.85: (1190.0, 180), 0.8: (1150.0, 170)}
+    assert unsettled(_at_loads(higher, {"0": [1195.0, 1205.0]})) == (0, 1)
+    # a study that fixes the load (no concurrency recorded): the next by value, as before
+    fixed = {0.9: (1200.0, None), 0.85: (1190.0, None), 0.8: (1150.0, None)}
+    assert unsettled(_at_loads(fixed, {"0": [1195.0, 1205.0]})) == (0, 1)
