@@ -72,6 +72,7 @@ class Outage:
     ) -> None:
         self.outage_s, self.clock, self.sleep = outage_s, clock, sleep
         self.down_since: float | None = None
+        self.back_at: float | None = None  # when it last answered again after an outage
 
     def failed(self, exc: BaseException) -> None:
         with _LOCK:
@@ -89,7 +90,14 @@ class Outage:
             if self.down_since is not None:
                 gone = self.clock() - self.down_since
                 log.warning("the study's database answers again after %.0f s", gone)
-                self.down_since = None
+                self.down_since, self.back_at = None, self.clock()
+
+    def lately(self, within: float) -> bool:
+        """The database is unreachable now, or answered again less than `within` s ago."""
+        with _LOCK:
+            if self.down_since is not None:
+                return True
+            return self.back_at is not None and self.clock() - self.back_at < within
 
     def over(self, since: float, cap: float | None) -> bool:
         """The outage outlasted the bound, or this call its own cap (the heartbeat's)."""
@@ -159,7 +167,7 @@ class ResilientRDBStorage(RDBStorage):
         """A beat that cannot be written is skipped, quietly (optuna's heartbeat thread would
         print a traceback and die, and a trial that outlives the outage needs its beats). It
         retries one heartbeat interval at most, so the join at a trial's end waits no longer.
-        An outage over about GRACE_S - HEARTBEAT_S (90 s) may let another worker fail it."""
+        Other workers hold off failing it after an outage (`_get_stale_trial_ids`)."""
         try:
             self._outage.call(
                 partial(RDBStorage.record_heartbeat, self, trial_id), self.heartbeat_interval
@@ -168,6 +176,16 @@ class ResilientRDBStorage(RDBStorage):
             if not is_connection_error(exc):
                 raise
             log.debug("heartbeat of trial %d skipped: %s", trial_id, exc)
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        """Trials whose heartbeats stopped, as RDBStorage's; none while the database is away
+        or for a grace period after it answers again: every worker's beats were lost alike, and
+        a live trial elsewhere would be failed (and run twice) before its worker beats again.
+        A dead worker's trial is failed one grace period later than it would have been."""
+        grace = self.grace_period or 2 * (self.heartbeat_interval or 0)  # optuna's default
+        if self._outage.lately(float(grace)):
+            return []
+        return self._outage.call(lambda: RDBStorage._get_stale_trial_ids(self, study_id))
 
     def _get_prepared_new_trial(self, study_id: int, template_trial: Any, session: Any) -> Any:
         """A new RUNNING trial gets its heartbeat row in its own transaction: create_new_trial
@@ -194,4 +212,5 @@ def _retrying_method(name: str) -> Callable[..., Any]:
 
 
 for _name in RETRIED:
-    setattr(ResilientRDBStorage, _name, _retrying_method(_name))
+    if _name not in vars(ResilientRDBStorage):  # those written by hand retry on their own
+        setattr(ResilientRDBStorage, _name, _retrying_method(_name))

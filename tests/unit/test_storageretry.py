@@ -235,3 +235,27 @@ def test_a_heartbeat_that_cannot_be_written_is_skipped_quietly(
     s.record_heartbeat(trial_id)  # no exception: the thread keeps beating
     assert 5 <= clock.now <= 5 + WAIT_MAX_S  # one heartbeat interval, not the outage bound
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_no_trial_is_failed_as_stale_while_heartbeats_were_lost_to_an_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # another worker's live trial: its beats were lost in the outage like everyone's, and it
+    # beats again within a heartbeat interval of the database's return
+    s, clock = storage(tmp_path)  # heartbeat 5 s, grace 20 s
+    study = optuna.create_study(storage=s, study_name="s")
+    trial_id = s.create_new_trial(study._study_id)
+    monkeypatch.setattr(RDBStorage, "_get_stale_trial_ids", lambda self, sid: [trial_id])
+    assert s._get_stale_trial_ids(study._study_id) == [trial_id]  # no outage seen: as optuna's
+    s._outage.failed(refused())
+    assert s._get_stale_trial_ids(study._study_id) == []  # down now
+    clock.now += 100
+    s._outage.answered()
+    clock.now += 19
+    assert s._get_stale_trial_ids(study._study_id) == []  # back 19 s ago, within the grace
+    clock.now += 1
+    assert s._get_stale_trial_ids(study._study_id) == [trial_id]  # a grace period later: stale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # optuna's own check goes through it
+    assert s.get_trial(trial_id).state == TrialState.FAIL
