@@ -4,7 +4,9 @@ Concurrency is a client-side knob: changing it costs a load run, never a restart
 `space.concurrency.search: inner` mode the sampler proposes server configurations only, and for
 each server that starts this search finds its best concurrency with a few load runs:
 
-1. start where the capacity model says the KV pool admits the workload's requests (`start_at`);
+1. start where the capacity model says the KV pool admits the workload's requests (`start_at`),
+   or where an earlier server's best was; then, when the study gives one (`Bounds.explore`), one
+   run where no server of the study has looked yet;
 2. step up by `factor` while the throughput gains and the SLOs hold (or step down from an
    infeasible start until a point holds); then step down from the best point while that gains
    (past a peak, retraction or a slow queue can make less concurrency worth more);
@@ -50,6 +52,7 @@ class Bounds:
     gain: float = 0.03  # a step up counts as a gain above this share (the noise floor)
     resolution: float = 1.15  # stop bisecting when hi / lo is below this
     step: int = 1  # space.concurrency.step: every point is low + k * step
+    explore: int | None = None  # a point no server of the study measured yet, run second
 
     def snap(self, c: int) -> int:
         """`c` clamped to [low, high] and onto the grid low + k * step (the nearest point)."""
@@ -119,6 +122,8 @@ def search(measure: Callable[[int], Point | None], b: Bounds) -> InnerResult:
     first = run(b.start)
     if first is None:
         return done()
+    if b.explore is not None and b.snap(b.explore) != first.concurrency:
+        run(b.explore)  # the widest gap the study left below its best (see InnerSearch)
     c = first.concurrency
     if first.feasible:
         _climb(run, points, c, b, up=True)

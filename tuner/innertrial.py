@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -196,9 +197,30 @@ def bounds(
     ).fit()
 
 
+#: how far below the study's best concurrency its searches look for points no server measured
+EXPLORE_SPAN = 2.0
+
+
+def widest_gap(seen: set[int], best: int, b: Bounds) -> int | None:
+    """A concurrency in the widest gap (log scale) between the points the study measured in
+    [best / EXPLORE_SPAN, best], when that gap is wider than a hinted step (`b.factor`); None
+    when none is. A window short against a request's life makes throughput bumpy in
+    concurrency (loadwindow.py): a hinted search climbs from the best and would never look
+    again where the first server's factor-2 bracket stepped over."""
+    floor = max(b.low, math.ceil(best / EXPLORE_SPAN))
+    marks = sorted({floor, best, *(c for c in seen if floor < c < best)})
+    gaps = [(hi / lo, lo, hi) for lo, hi in pairwise(marks) if lo > 0]
+    if not gaps:
+        return None
+    ratio, lo, hi = max(gaps)
+    mid = b.snap(round(math.sqrt(lo * hi)))
+    return mid if ratio > b.factor and lo < mid < hi else None
+
+
 class InnerSearch:
     """The inner search of one `tuner tune` run: remembers the best point so far (the next
-    server's starting point)."""
+    server's starting point) and every concurrency that held on some server (where the next
+    search need not look again: `widest_gap`)."""
 
     def __init__(self, cfg: StudyConfig):
         self.cfg = cfg
@@ -206,6 +228,8 @@ class InnerSearch:
         #: where the next search starts (once): the baseline's concurrency for trial 0
         self.start_next: int | None = None
         self._requests: list[Request] | None = None  # a dataset's list, for its lengths
+        #: concurrencies that held their SLOs on some server of this run
+        self.seen: set[int] = set()
 
     def run(
         self,
@@ -220,7 +244,10 @@ class InnerSearch:
         hint = None if self.best is None else self.best[1]
         start, self.start_next = self.start_next, None
         b = bounds(self.cfg, pool, high_cap, hint, start, self._dataset())
+        if hint is not None and start is None:
+            b = replace(b, explore=widest_gap(self.seen, hint, b))
         out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock)
+        self.seen |= {int(p[NAME]) for p in out.points if p.get("feasible")}
         if out.client and out.feasible and (self.best is None or out.values[0] > self.best[0]):
             self.best = (out.values[0], int(out.client[NAME]))
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 
 from tuner.api import study_requests
 from tuner.innersearch import Bounds, Point, search, start_at
-from tuner.innertrial import bounds
+from tuner.innertrial import bounds, widest_gap
 from tuner.launch import build_launch
 from tuner.runner import score_load
 from tuner.samplerspace import range_points
@@ -94,6 +95,34 @@ def test_a_measure_that_declines_ends_the_search() -> None:
 
     result = search(measure, Bounds(low=1, high=512, start=64, max_runs=5))
     assert [p.concurrency for p in result.points] == [64]
+
+
+def test_widest_gap_is_where_no_server_looked_below_the_best() -> None:
+    b = Bounds(low=8, high=256, start=159, factor=2**0.5)
+    # the first server's factor-2 bracket stepped from 64 to 128, later ones bisected above
+    assert widest_gap({64, 117, 128, 139, 152}, 159, b) == 97  # in (80, 117), 1.46 wide
+    # every gap below the best narrower than a hinted step: nothing more to look at
+    assert widest_gap({97, 117, 128, 139, 152}, 159, b) is None
+    # the best at the range's floor has nothing below it
+    assert widest_gap(set(), 8, Bounds(low=8, high=256, start=8, factor=2**0.5)) is None
+
+
+def test_an_explore_point_finds_a_bump_a_hinted_search_steps_over() -> None:
+    """A short window's throughput is bumpy in concurrency: 1,200 between 90 and 125, else
+    rising to 1,000 at 160; the SLO holds to 166."""
+
+    def measure(c: int) -> Point:
+        value = 1200.0 if 90 <= c <= 125 else 1000.0 * min(c, 160) / 160
+        return Point(c, value, c <= 166)
+
+    b = Bounds(low=8, high=256, start=160, max_runs=5, factor=2**0.5, resolution=1.06)
+    plain = search(measure, b)
+    assert plain.best is not None and plain.best.value == 1000.0  # bisects up to the edge
+    assert min(p.concurrency for p in plain.points) == 160
+    explored = search(measure, replace(b, explore=113))
+    assert [p.concurrency for p in explored.points][:2] == [160, 113]  # the explore run second
+    assert explored.best is not None and explored.best.value == 1200.0
+    assert len(explored.points) <= 5  # within the same budget
 
 
 def test_start_at_follows_the_pool_and_clamps() -> None:
