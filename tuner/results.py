@@ -138,7 +138,7 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
     luck: a configuration that misses on 1 start in 4 keeps its SLOs 3 times in 4); and 0.0 for
     one whose runs miss an SLO pooled. A candidate whose runs all held, but whose p99s sit so
     near a limit that the noise may put the truth above it, ranks by its mean times its odds of
-    holding over ODDS_STEADY (holdodds: 0.98 of a limit over 3 runs is ~0.9). The first
+    holding over ODDS_STEADY (holdodds: 0.98 of a limit over 3 runs is ~0.8). The first
     measurement held on its own: it is feasible."""
     confirmations, tails = all_confirmations(study), all_confirm_tails(study)
     trials = _candidates(study, confirmations)
@@ -295,8 +295,8 @@ def _fallback(study: optuna.Study, ranked: Sequence[Candidate]) -> list[FrozenTr
         if canonical(t.params) not in taken
     ]
     edges = [_load_level(c.trial) for c in ranked if _shaky(c)]
-    if edges and None not in edges:
-        edge = min(e for e in edges if e is not None)
+    if edges and all(e is not None for e in edges):
+        edge = min(e for e in edges if e is not None)  # every one, as checked (for the types)
         lower = [t for t in rest if (c := _load_level(t)) is not None and c < edge]
         if lower:
             return lower[:1]
