@@ -5,7 +5,8 @@ inner search on a `TrialRunner` (load runs -> points -> one outcome).
 
 - `inner`: the sampler proposes server configurations only (`sampled_space` drops
   concurrency); each server that starts gets `innersearch.search` over concurrency, a few load
-  runs and never a restart. The trial's value is its best feasible point; every point is kept
+  runs and never a restart. The trial's value is its point that the study's curve pooled over
+  its servers ranks best (pooledcurve.py), as measured; every point is kept
   (`Attr.LOAD_POINTS`, `trials/<n>/points.json`) and the winner's concurrency is the trial's
   `Attr.CLIENT`, which confirmation re-runs and the export recommends.
 - `joint`: concurrency is one more sampled parameter (with concurrency probes), as before.
@@ -31,6 +32,7 @@ from typing import Any
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
 from tuner.innersearch import Bounds, Point, search, start_at
 from tuner.pooled import SLO_MARGIN
+from tuner.pooledcurve import fit, narrowed
 from tuner.sglang.failures import FailureClass
 from tuner.trial import Status, TrialOutcome, metric_attrs, objective_values
 from tuner.workload import Request, request_pool, requests_for
@@ -132,25 +134,26 @@ def mean_length(length: int, w: WorkloadSection) -> float:
 
 
 def request_tokens(
-    w: WorkloadSection, requests: Sequence[Request] | None = None
+    w: WorkloadSection, requests: Sequence[Request] | None = None, answer: float = 0.5
 ) -> tuple[float, float]:
     """(tokens a running request holds on average, the share of them a shared prefix holds
-    once): prompt plus half the answer, which is what fills the pool in steady state. The
-    lengths are the ones tuner.workload builds; a dataset's are its list's (`requests`)."""
+    once): prompt plus half the answer, which is what fills the pool in steady state (`answer`:
+    the share of the answer counted; 1.0 for a request at its full length). The lengths are the
+    ones tuner.workload builds; a dataset's are its list's (`requests`)."""
     if w.kind in ("sharegpt", "jsonl") and requests:
         prompt = sum(r.prompt_len for r in requests) / len(requests)
-        return prompt + sum(r.output_len for r in requests) / len(requests) / 2, 0.0
+        return prompt + answer * sum(r.output_len for r in requests) / len(requests), 0.0
     if w.kind == "shared-prefix":  # fixed lengths: every prompt is prefix + question
-        prompt = w.prefix_len + w.question_len
-        return prompt + w.output_len / 2, w.prefix_len / (prompt + w.output_len / 2)
+        held = w.prefix_len + w.question_len + answer * w.output_len
+        return held, w.prefix_len / held
     if w.kind in ("sharegpt", "jsonl"):  # no list: input_len is the user's estimate
-        return w.input_len + (w.dataset_output_len or w.output_len) / 2, 0.0
+        return w.input_len + answer * (w.dataset_output_len or w.output_len), 0.0
     out = mean_length(w.output_len, w)
     prompt = mean_length(w.input_len, w)
     if w.kind == "multi-turn":
         # the history grows by a question and an answer per turn: the mean over the turns
         prompt += (w.turns - 1) / 2 * (w.question_len + out)
-    return prompt + out / 2, 0.0
+    return prompt + answer * out, 0.0
 
 
 #: the inner search's step and resolution on a server after the first that found a best
@@ -217,10 +220,16 @@ def widest_gap(seen: set[int], best: int, b: Bounds) -> int | None:
     return mid if ratio > b.factor and lo < mid < hi else None
 
 
+#: the server flag that only sizes the KV pool: servers that differ in it alone run the same
+#: throughput curve wherever the pool holds every running request (pooledcurve.py)
+POOL_FLAG = "mem-fraction-static"
+
+
 class InnerSearch:
     """The inner search of one `tuner tune` run: remembers the best point so far (the next
-    server's starting point) and every concurrency that held on some server (where the next
-    search need not look again: `widest_gap`)."""
+    server's starting point), every concurrency that held on some server (where the next
+    search need not look again: `widest_gap`), and every server's clear points, whose pooled
+    curve (pooledcurve.py) chooses each server's concurrency and narrows the next search."""
 
     def __init__(self, cfg: StudyConfig):
         self.cfg = cfg
@@ -230,6 +239,9 @@ class InnerSearch:
         self._requests: list[Request] | None = None  # a dataset's list, for its lengths
         #: concurrencies that held their SLOs on some server of this run
         self.seen: set[int] = set()
+        #: each earlier server's clear points: (flags but the pool's, concurrency) -> value
+        #: where its pool holds them at full length, else with the server's index appended
+        self.table: list[dict[tuple, float]] = []
 
     def run(
         self,
@@ -244,13 +256,44 @@ class InnerSearch:
         hint = None if self.best is None else self.best[1]
         start, self.start_next = self.start_next, None
         b = bounds(self.cfg, pool, high_cap, hint, start, self._dataset())
+        group = json.dumps({k: v for k, v in params.items() if k != POOL_FLAG}, sort_keys=True)
         if hint is not None and start is None:
-            b = replace(b, explore=widest_gap(self.seen, hint, b))
-        out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock)
+            shape = {k[1]: v for k, v in fit(self.table).items() if len(k) == 2 and k[0] == group}
+            factor = narrowed(shape, hint, b.factor, HINTED_RESOLUTION, b.gain)
+            b = replace(b, factor=factor, explore=widest_gap(self.seen, hint, b))
+        key = self._keyer(group, pool)
+        row: dict[tuple, float] = {}
+
+        def choose(points: Sequence[Point]) -> Point | None:
+            """The clear point whose concurrency the pooled curve ranks best."""
+            row.update({key(p.concurrency): p.value for p in points if p.feasible and p.value > 0})
+            if not row:
+                return None
+            shape = fit([*self.table, row])
+            return max(
+                (p for p in points if key(p.concurrency) in row),
+                key=lambda p: shape[key(p.concurrency)],
+            )
+
+        out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock, choose)
+        if row:
+            self.table.append(row)
         self.seen |= {int(p[NAME]) for p in out.points if p.get("feasible")}
         if out.client and out.feasible and (self.best is None or out.values[0] > self.best[0]):
             self.best = (out.values[0], int(out.client[NAME]))
         return out
+
+    def _keyer(self, group: str, pool: int | None) -> Callable[[int], tuple]:
+        """A point's key in the pooled table: (group, concurrency) where the server's pool
+        holds that many requests at their full length (so it never binds: the 32 GB case's
+        best sits where it starts to) or is not known, else one of this server's own (there
+        the pool's size shapes the curve)."""
+        admits = math.inf
+        if pool:
+            full, shared = request_tokens(self.cfg.workload, self._dataset(), answer=1.0)
+            admits = pool / max(full * (1.0 - shared), 1.0)
+        index = len(self.table)
+        return lambda c: (group, c) if c <= admits else (group, c, index)
 
     def _dataset(self) -> list[Request] | None:
         """A dataset workload's request list (its lengths are the file's), read once."""
@@ -272,9 +315,11 @@ def run_inner(
     b: Bounds,
     time_left: Callable[[], float | None],
     clock: Callable[[], float],
+    choose: Callable[[Sequence[Point]], Point | None] | None = None,
 ) -> TrialOutcome:
     """The inner search on the running server -> the trial's outcome: its best feasible
-    point's (with every point and the winner's concurrency), else the most telling failure."""
+    point's (`choose`: which of the clear points is best; the highest by default; with every
+    point and the winner's concurrency), else the most telling failure."""
     outcomes: dict[int, TrialOutcome] = {}
     last = [0.0]
 
@@ -293,7 +338,7 @@ def run_inner(
 
     result = search(point, b)
     records = tuple(_record(p, outcomes[p.concurrency]) for p in result.points)
-    best = result.best
+    best = result.best if choose is None else choose(result.points)
     if best is None:  # none clear of the limits: the best that held them, if any did
         held = [p for p in result.points if outcomes[p.concurrency].feasible]
         best = max(held, key=lambda p: p.value) if held else None
