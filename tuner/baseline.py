@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from tuner.config import CLIENT_PARAMS, StudyConfig
 from tuner.innertrial import NAME, inner_mode, sampled_space
@@ -43,10 +44,14 @@ def baseline_start(cfg: StudyConfig) -> int | None:
     return int(value)
 
 
-def aim_baseline(cfg: StudyConfig, runner: Any, attrs: Mapping[str, Any]) -> None:
-    """Before a trial runs: the baseline's inner search starts at the baseline's concurrency."""
+def aim_baseline(
+    cfg: StudyConfig, runner: Any, attrs: Mapping[str, Any], study: optuna.Study
+) -> None:
+    """Before a trial runs: the inner search recalls what the study's searches found so far
+    (every worker's, and a resumed run's), and the baseline's starts at its concurrency."""
     inner = getattr(runner, "inner", None)
     if inner is not None:  # reset too: a baseline rejected before its search leaves none
+        inner.recall(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         inner.start_next = baseline_start(cfg) if attrs.get(Attr.BASELINE) else None
 
 

@@ -27,15 +27,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
 from tuner.innersearch import Bounds, Point, search, start_at
 from tuner.pooled import SLO_MARGIN
 from tuner.pooledcurve import fit, narrowed
 from tuner.sglang.failures import FailureClass
-from tuner.trial import Status, TrialOutcome, metric_attrs, objective_values
+from tuner.trial import (
+    POOL_ATTR,
+    Attr,
+    Status,
+    TrialOutcome,
+    is_feasible,
+    metric_attrs,
+    objective_values,
+)
 from tuner.workload import Request, request_pool, requests_for
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
 
 #: the mode of a concurrency range whose `search:` is unset (from tests/bench/bench_search.py)
 DEFAULT_SEARCH = "inner"
@@ -225,6 +236,11 @@ def widest_gap(seen: set[int], best: int, b: Bounds) -> int | None:
 POOL_FLAG = "mem-fraction-static"
 
 
+def _group(params: Mapping[str, Any]) -> str:
+    """The servers a point pools with: those with the same flags but `POOL_FLAG`."""
+    return json.dumps({k: v for k, v in params.items() if k != POOL_FLAG}, sort_keys=True)
+
+
 class InnerSearch:
     """The inner search of one `tuner tune` run: remembers the best point so far (the next
     server's starting point), every concurrency that held on some server (where the next
@@ -256,17 +272,16 @@ class InnerSearch:
         hint = None if self.best is None else self.best[1]
         start, self.start_next = self.start_next, None
         b = bounds(self.cfg, pool, high_cap, hint, start, self._dataset())
-        group = json.dumps({k: v for k, v in params.items() if k != POOL_FLAG}, sort_keys=True)
+        group = _group(params)
         if hint is not None and start is None:
             shape = {k[1]: v for k, v in fit(self.table).items() if len(k) == 2 and k[0] == group}
             factor = narrowed(shape, hint, b.factor, HINTED_RESOLUTION, b.gain)
             b = replace(b, factor=factor, explore=widest_gap(self.seen, hint, b))
         key = self._keyer(group, pool)
-        row: dict[tuple, float] = {}
 
         def choose(points: Sequence[Point]) -> Point | None:
             """The clear point whose concurrency the pooled curve ranks best."""
-            row.update({key(p.concurrency): p.value for p in points if p.feasible and p.value > 0})
+            row = {key(p.concurrency): p.value for p in points if p.feasible and p.value > 0}
             if not row:
                 return None
             shape = fit([*self.table, row])
@@ -276,12 +291,38 @@ class InnerSearch:
             )
 
         out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock, choose)
-        if row:
-            self.table.append(row)
-        self.seen |= {int(p[NAME]) for p in out.points if p.get("feasible")}
-        if out.client and out.feasible and (self.best is None or out.values[0] > self.best[0]):
-            self.best = (out.values[0], int(out.client[NAME]))
+        chosen = out.client.get(NAME) if out.feasible else None
+        self._learn(params, pool, out.points, chosen, out.values[0] if out.values else 0.0)
         return out
+
+    def recall(self, trials: Sequence[FrozenTrial]) -> None:
+        """What the study's searches so far taught, rebuilt from its completed trials (every
+        worker's, and a resumed run's earlier ones) before a trial runs, as `run` learns it."""
+        self.best, self.seen, self.table = None, set(), []
+        for t in sorted(trials, key=lambda t: t.number):
+            a = t.user_attrs
+            if not a.get(Attr.LOAD_POINTS) or Attr.DUPLICATE_OF in a or not t.values:
+                continue
+            chosen = (a.get(Attr.CLIENT) or {}).get(NAME) if is_feasible(t.constraints) else None
+            self._learn(t.params, a.get(POOL_ATTR), a[Attr.LOAD_POINTS], chosen, t.values[0])
+
+    def _learn(
+        self,
+        params: Mapping[str, Any],
+        pool: int | None,
+        points: Sequence[Mapping[str, Any]],
+        chosen: int | None,
+        value: float,
+    ) -> None:
+        """One server's search: its clear points join the pooled table, its points that held
+        the SLOs `seen`, and its chosen concurrency is the next hint when its value is best."""
+        key = self._keyer(_group(params), pool)
+        row = {key(int(p[NAME])): float(p["value"]) for p in points if p.get("clear")}
+        if row := {k: v for k, v in row.items() if v > 0}:
+            self.table.append(row)
+        self.seen |= {int(p[NAME]) for p in points if p.get("feasible")}
+        if chosen is not None and (self.best is None or value > self.best[0]):
+            self.best = (value, int(chosen))
 
     def _keyer(self, group: str, pool: int | None) -> Callable[[int], tuple]:
         """A point's key in the pooled table: (group, concurrency) where the server's pool

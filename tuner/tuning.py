@@ -263,7 +263,7 @@ class Tuning:
         if earlier is not None:
             return self._duplicate(trial, earlier)
         limit = float(self.cfg.budget.trial_timeout)
-        aim_baseline(self.cfg, self.runner, trial.user_attrs)
+        aim_baseline(self.cfg, self.runner, trial.user_attrs, self.study)
         try:
             with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
                 outcome = self.runner.run(

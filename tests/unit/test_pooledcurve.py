@@ -110,3 +110,32 @@ def test_a_point_where_the_pool_binds_is_judged_on_its_own_server(tmp_path: Path
     assert _run(_peers(), tmp_path, 8, _measure(1.08, {108: 1.04}), pool=10**6).client != {
         "concurrency": 108
     }
+
+
+def test_recall_rebuilds_from_the_study_what_the_searches_learned(tmp_path: Path) -> None:
+    """A resumed run, or another worker, recalls from the study's trials what an unbroken run
+    kept in memory: the hint, the concurrencies that held, the pooled table."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    live = InnerSearch(_cfg())
+    live.start_next = 91  # the first server: where a baseline would start it
+    frozen = []
+    for n, level in enumerate((1.05, 0.98, 1.01)):
+        out = _run(live, tmp_path, n, _measure(level, {99: 1.02}), pool=10**6 if n else 80_000)
+        mfs = 0.8 + n / 100
+        frozen.append(
+            optuna.trial.create_trial(
+                params={"mem-fraction-static": mfs},
+                distributions={"mem-fraction-static": FloatDistribution(0.7, 0.99)},
+                values=list(out.values),
+                user_attrs={**out.to_attrs(), "max_total_num_tokens": 10**6 if n else 80_000},
+                constraints=dict(out.constraints),
+            )
+        )
+    recalled = InnerSearch(_cfg())
+    recalled.recall(frozen)
+    assert recalled.best == pytest.approx(live.best, rel=1e-4)
+    assert recalled.seen == live.seen
+    assert recalled.table == [pytest.approx(row, rel=1e-4) for row in live.table]
+    assert len(live.table) == 3 and any(len(k) == 3 for k in live.table[0])  # pool bound
