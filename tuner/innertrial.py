@@ -326,13 +326,14 @@ class InnerSearch:
 
     def _keyer(self, group: str, pool: int | None) -> Callable[[int], tuple]:
         """A point's key in the pooled table: (group, concurrency) where the server's pool
-        holds that many requests at their full length (so it never binds: the 32 GB case's
-        best sits where it starts to) or is not known, else one of this server's own (there
-        the pool's size shapes the curve)."""
+        holds that many requests at their full length, shared prefixes counted in each (so it
+        never binds: the 32 GB case's best sits where it starts to; Kimi's 32 prefixes of 2,000
+        tokens alone fill half its pool), or is not known; else one of this server's own
+        (there the pool's size shapes the curve)."""
         admits = math.inf
         if pool:
-            full, shared = request_tokens(self.cfg.workload, self._dataset(), answer=1.0)
-            admits = pool / max(full * (1.0 - shared), 1.0)
+            full, _ = request_tokens(self.cfg.workload, self._dataset(), answer=1.0)
+            admits = pool / max(full, 1.0)
         index = len(self.table)
         return lambda c: (group, c) if c <= admits else (group, c, index)
 

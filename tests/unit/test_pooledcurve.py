@@ -139,3 +139,13 @@ def test_recall_rebuilds_from_the_study_what_the_searches_learned(tmp_path: Path
     assert recalled.seen == live.seen
     assert recalled.table == [pytest.approx(row, rel=1e-4) for row in live.table]
     assert len(live.table) == 3 and any(len(k) == 3 for k in live.table[0])  # pool bound
+
+
+def test_a_shared_prefix_counts_in_every_request_where_pooling_is_judged() -> None:
+    """Kimi's 32 prefixes of 2,000 tokens fill half of a 116k-token pool before any question:
+    counting a prefix once would call concurrency 58 unbound where the pool binds near 30."""
+    d = yaml.safe_load((REPO / "search_spaces" / "kimi-k2.5-tp8.yaml").read_text())
+    inner = InnerSearch(parse_study(d, "kimi-k2.5-tp8.yaml"))
+    key = inner._keyer("{}", 116_171)
+    assert key(29) == ("{}", 29)  # 29 requests of 4,000 tokens fit: pooled
+    assert key(40) == ("{}", 40, 0)  # its own
