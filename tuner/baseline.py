@@ -47,11 +47,14 @@ def baseline_start(cfg: StudyConfig) -> int | None:
 def aim_baseline(
     cfg: StudyConfig, runner: Any, attrs: Mapping[str, Any], study: optuna.Study
 ) -> None:
-    """Before a trial runs: the inner search recalls what the study's searches found so far
-    (every worker's, and a resumed run's), and the baseline's starts at its concurrency."""
+    """Before a trial runs: the runner recalls what the study's trials taught so far (every
+    worker's, and a resumed run's: the pre-check's failures, the inner search's curve), and
+    the baseline's search starts at its concurrency."""
+    recall = getattr(runner, "recall", None)
+    if recall is not None:
+        recall(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     inner = getattr(runner, "inner", None)
     if inner is not None:  # reset too: a baseline rejected before its search leaves none
-        inner.recall(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         inner.start_next = baseline_start(cfg) if attrs.get(Attr.BASELINE) else None
 
 

@@ -70,17 +70,24 @@ class Knowledge:
     def with_start(self, tokens: int, mfs: float) -> Knowledge:
         return self if self.calibration else replace(self, calibration=(tokens, mfs))
 
+    # each entry names its trial: the same trial learned twice (live, then recalled from the
+    # study, `learning.recalled`) is one entry
     def with_graph_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
-        mfs = normalize_flags(flags).get("mem-fraction-static", 0)
-        entry = (memory_key(flags), float(mfs or 0), trial)
+        entry = (memory_key(flags), _mfs(flags), trial)
+        if entry in self.graph_failures:
+            return self
         return replace(self, graph_failures=(*self.graph_failures, entry))
 
     def with_floor(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
         entry = (memory_key(flags), _mfs(flags), trial)
+        if entry in self.floors:
+            return self
         return replace(self, floors=(*self.floors, entry))
 
     def with_death(self, flags: Mapping[str, Any], concurrency: int, trial: int) -> Knowledge:
         entry = (memory_key(flags), _mfs(flags), int(concurrency), trial)
+        if entry in self.deaths:
+            return self
         return replace(self, deaths=(*self.deaths, entry))
 
     def death_cap(self, flags: Mapping[str, Any]) -> int | None:

@@ -5,7 +5,7 @@ it to a trial state. The server and the load run are seams (constructor argument
 `lifecycle.Server` and `loadgen` in a study, the simulator or scripted fakes in tests.
 
 Decisions made here: whether a restart is needed (the live server's flags differ, or it died or
-hung), what a failed start teaches the pre-check (`_learn_failure`), whose failure a failed
+hung), what a failed start teaches the pre-check (tuner/learning.py), whose failure a failed
 start, a death or a hang was, and whether a command line SGLang refused stops the study.
 
 Whose failure it was, by evidence (design principle 11):
@@ -50,8 +50,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tuner.bench_names import trial_run_keys
 from tuner.config import StudyConfig
 from tuner.errors import InfraError, TrialTimeout
-from tuner.innertrial import InnerSearch, died_at, inner_mode
+from tuner.innertrial import InnerSearch, inner_mode
 from tuner.launch import LaunchSpec, build_launch, server_log_path, shown_command
+from tuner.learning import learned_death, learned_failure, learned_start, recalled
 from tuner.lifecycle import ServerDeath, StartResult
 from tuner.metrics import goodput
 from tuner.pooled import tails_of
@@ -59,11 +60,12 @@ from tuner.precheck import Hardware, Knowledge, precheck
 from tuner.progress import PhaseChanged
 from tuner.rejected import rejected_flags, study_file_at_fault
 from tuner.sglang.failures import FailureClass, is_config_failure
-from tuner.sglang.flags import normalize_flags
 from tuner.space import canonical, client_params, server_flags
 from tuner.trial import Status, TrialOutcome, failed_outcome, measured_outcome
 
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from tuner.config import SLOSection
     from tuner.loadgen import LoadResult
 
@@ -402,11 +404,11 @@ class TrialRunner:
             self.started, self.version = True, result.version or self.version
             self._running_key = canonical(flags)
             self.pool = result.max_total_num_tokens
-            self._learn_start(result)
+            self.knowledge = learned_start(self.knowledge, self.pool, result.mem_fraction_static)
         elif result.failure == FailureClass.BAD_FLAG and study_file_at_fault(self.started):
             raise rejected_flags(self.cfg, result)
         else:
-            self._learn_failure(result.failure, flags, number)
+            self.knowledge = learned_failure(self.knowledge, result.failure, flags, number)
         return result
 
     def _death_after(self, load: LoadResult) -> ServerDeath | None:
@@ -420,31 +422,17 @@ class TrialRunner:
 
     # --- learning and records ------------------------------------------------------------
 
-    def _learn_start(self, result: StartResult) -> None:
-        tokens, mfs = result.max_total_num_tokens, result.mem_fraction_static
-        if tokens and mfs:
-            self.knowledge = self.knowledge.with_start(int(tokens), float(mfs))
-
-    def _learn_failure(self, failure: str | None, flags: Mapping[str, Any], number: int) -> None:
-        if "mem-fraction-static" not in normalize_flags(flags):
-            return  # SGLang's own default: nothing to bound
-        if failure == FailureClass.OOM_CUDA_GRAPH:
-            self.knowledge = self.knowledge.with_graph_failure(flags, number)
-        elif failure == FailureClass.NOT_ENOUGH_MEMORY:
-            self.knowledge = self.knowledge.with_floor(flags, number)
-
     def _learn_death(
         self, outcome: TrialOutcome, flags: Mapping[str, Any], params: Mapping[str, Any]
     ) -> None:
-        """A death under load with SGLang's evidence (a prefill out of memory) at mfs m and
-        concurrency c: servers with the same memory flags and mfs >= m die at c or more."""
-        c = died_at(outcome, params)
-        if (
-            c is not None
-            and "mem-fraction-static" in normalize_flags(flags)
-            and self.number is not None
-        ):
-            self.knowledge = self.knowledge.with_death(flags, c, self.number)
+        self.knowledge = learned_death(self.knowledge, outcome, flags, params, self.number)
+
+    def recall(self, trials: Sequence[FrozenTrial]) -> None:
+        """Before a trial: what the study's trials (every worker's, a resumed run's earlier
+        ones) taught the pre-check and the inner search, on top of what this run saw."""
+        self.knowledge = recalled(self.knowledge, trials, self.flags_for)
+        if self.inner is not None:
+            self.inner.recall(trials)
 
     def _least_concurrency(self, params: Mapping[str, Any]) -> int | None:
         """The least concurrency this trial loads its server with (inner: the range's low)."""

@@ -1,0 +1,82 @@
+"""What trials teach the pre-check (`precheck.Knowledge`), live and recalled.
+
+Live: the runner folds in each start (the pool's calibration), each failed start with SGLang's
+evidence (a CUDA-graph failure bounds mfs from above, "Not enough memory" from below) and each
+death under load. Recalled: the same, rebuilt from the study's stored trials before each trial
+(`recalled`), so a resumed run and the other workers of a shared study do not pay a restart
+to relearn what an earlier run or another worker already paid for. Pure: no optuna calls, no
+I/O; the trials come in as optuna's `FrozenTrial`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from tuner.innertrial import died_at
+from tuner.precheck import Knowledge
+from tuner.sglang.failures import FailureClass
+from tuner.sglang.flags import normalize_flags
+from tuner.trial import Attr, Status, TrialOutcome
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+Flags = Mapping[str, Any]
+
+
+def learned_start(know: Knowledge, tokens: Any, mfs: Any) -> Knowledge:
+    """A start that reported its pool: the first one calibrates the pool's projection."""
+    if tokens and mfs:
+        return know.with_start(int(tokens), float(mfs))
+    return know
+
+
+def learned_failure(know: Knowledge, failure: str | None, flags: Flags, number: int) -> Knowledge:
+    """A failed start with SGLang's evidence against its mfs bounds mfs for these memory flags."""
+    if "mem-fraction-static" not in normalize_flags(flags):
+        return know  # SGLang's own default: nothing to bound
+    if failure == FailureClass.OOM_CUDA_GRAPH:
+        return know.with_graph_failure(flags, number)
+    if failure == FailureClass.NOT_ENOUGH_MEMORY:
+        return know.with_floor(flags, number)
+    return know
+
+
+def learned_death(
+    know: Knowledge, outcome: TrialOutcome, flags: Flags, params: Flags, number: int | None
+) -> Knowledge:
+    """A death under load with SGLang's evidence (a prefill out of memory) at mfs m and
+    concurrency c: servers with the same memory flags and mfs >= m die at c or more."""
+    c = died_at(outcome, params)
+    if c is None or number is None or "mem-fraction-static" not in normalize_flags(flags):
+        return know
+    return know.with_death(flags, c, number)
+
+
+def recalled(
+    know: Knowledge, trials: Iterable[FrozenTrial], flags_for: Callable[[Flags], Flags]
+) -> Knowledge:
+    """`know` plus what the study's trials taught when they ran (`flags_for`: a trial's params
+    -> its server's flags). Only trials that launched a server teach: a pre-check's rejection
+    restates what was known, a duplicate is its original's record, a world failure (FAIL)
+    says nothing of the flags. Entries already known are not added twice."""
+    for t in sorted(trials, key=lambda t: t.number):
+        a = t.user_attrs
+        if not a.get(Attr.LAUNCHED) or Attr.DUPLICATE_OF in a:
+            continue
+        outcome = TrialOutcome.from_attrs(a)
+        if outcome is None:
+            continue
+        flags = flags_for(t.params)
+        if outcome.status == Status.START_FAILED:
+            know = learned_failure(know, outcome.failure, flags, t.number)
+            continue
+        info = a.get(Attr.SERVER_INFO) or {}
+        know = learned_start(
+            know, info.get("max_total_num_tokens"), info.get("mem_fraction_static")
+        )
+        points = tuple(a.get(Attr.LOAD_POINTS) or ())
+        know = learned_death(know, replace(outcome, points=points), flags, t.params, t.number)
+    return know
