@@ -464,6 +464,8 @@ class Report:
     selection: dict[str, float] = field(default_factory=dict)  # the starts that choose the optimum
     #: the `confirmed` strategy: seed -> restarts -> what the export would write
     confirmed: dict[int, dict[int, dict[str, Any] | None]] = field(default_factory=dict)
+    #: restarts -> the confirmation's runs (each a fresh restart) of every seed
+    confirm_runs: dict[int, list[int]] = field(default_factory=dict)
 
     def feasible(self, params: dict[str, Any]) -> bool:
         """Could this configuration run within its SLOs? A server configuration (inner mode:
@@ -528,7 +530,8 @@ def tables(rep: Report, budgets: Sequence[int]) -> str:
             continue
         lines.append(f"{s:10s}" + "".join(f"{c:>14s}" for c in cells))
     lines.append(
-        "spent (median over seeds): restarts / load runs / trials at each budget; wall s per study"
+        "spent (median over seeds): restarts / load runs / trials at each budget; wall s per "
+        "study; confirmed: + the confirmation's restarts, median (worst)"
     )
     for s, runs in by.items():
         if not runs:
@@ -542,6 +545,12 @@ def tables(rep: Report, budgets: Sequence[int]) -> str:
             cells.append(f"{rs:.0f}/{ls:.0f}/{ts:.0f}")
         wall = statistics.median(r.wall_s for r in runs)
         lines.append(f"{s:10s}" + "".join(f"{c:>14s}" for c in cells) + f"   {wall:6.1f} s")
+    if rep.confirm_runs:  # what the confirmed row cost on top of its search's restarts
+        cells = [
+            f"+{statistics.median(xs):.0f} ({max(xs)})" if (xs := rep.confirm_runs.get(n)) else "-"
+            for n in budgets
+        ]
+        lines.append(f"{'confirmed':10s}" + "".join(f"{c:>14s}" for c in cells))
     lines.append(
         "wasted, whole budget (median/worst): failed starts | died under load | rejected before "
         "launch | feasible configs rejected (total)"
@@ -629,7 +638,7 @@ def _robust_task(args: tuple[str, list[dict[str, Any]]]) -> dict[str, tuple[floa
     return robust_many(*args)
 
 
-def _confirm_task(args: tuple[str, int, int]) -> tuple[int, int, dict[str, Any] | None]:
+def _confirm_task(args: tuple[str, int, int]) -> tuple[int, int, tuple[dict[str, Any] | None, int]]:
     case, seed, n = args
     return seed, n, confirmed_pick(study_cfg(case, "confirmed"), requests_of(case), seed, n)
 
@@ -676,8 +685,9 @@ def bench(
             if "confirmed" in strategies:
                 t0 = time.perf_counter()
                 ctasks = [(case, seed, n) for seed in range(seeds) for n in confirm_at]
-                for seed, n, params in pool.map(_confirm_task, ctasks):
+                for seed, n, (params, runs) in pool.map(_confirm_task, ctasks):
                     rep.confirmed.setdefault(seed, {})[n] = params
+                    rep.confirm_runs.setdefault(n, []).append(runs)
                 out(f"[{case}] {len(ctasks)} confirmed studies in {time.perf_counter() - t0:.0f} s")
             _score_picks(rep, budgets, pool, jobs, out)
             out(tables(rep, budgets))

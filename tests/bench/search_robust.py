@@ -27,7 +27,7 @@ from typing import Any
 from tuner.api import Events, tune
 from tuner.launch import build_launch
 from tuner.pooled import pooled_verdict, tails_of
-from tuner.results import best_trial
+from tuner.results import all_confirmations, best_trial
 from tuner.runner import score_load
 from tuner.sim.virtual_server import VirtualServer
 from tuner.sim.virtual_study import VirtualLoad, virtual_seams
@@ -118,8 +118,11 @@ def search(cfg: Any, requests: list, seed: int, restarts: int, runs_dir: Path) -
         )
 
 
-def confirmed_pick(cfg: Any, requests: list, seed: int, restarts: int) -> dict[str, Any] | None:
-    """Search until the `restarts`-th restart, then confirm as `tuner tune` does at its end."""
+def confirmed_pick(
+    cfg: Any, requests: list, seed: int, restarts: int
+) -> tuple[dict[str, Any] | None, int]:
+    """Search until the `restarts`-th restart, then confirm as `tuner tune` does at its end ->
+    (what the export writes, the confirmation's runs: each one a fresh restart)."""
     import optuna
 
     with tempfile.TemporaryDirectory(prefix="bench-confirm-", dir=TMP) as tmp:
@@ -135,4 +138,5 @@ def confirmed_pick(cfg: Any, requests: list, seed: int, restarts: int) -> dict[s
         url = f"sqlite:///{tmp}/{cfg.study}/study.db"
         study = optuna.load_study(study_name=cfg.study, storage=url)
         best, _ = best_trial(study)
-        return None if best is None else full_params(best.params, best.user_attrs)
+        runs = sum(len(v) for v in all_confirmations(study).values())
+        return (None if best is None else full_params(best.params, best.user_attrs)), runs
