@@ -2,7 +2,7 @@
 
 Live: the runner folds in each start (the pool's calibration), each failed start with SGLang's
 evidence (a CUDA-graph failure bounds mfs from above, "Not enough memory" from below) and each
-death under load. Recalled: the same, rebuilt from the study's stored trials before each trial
+death under load, and a HiCache pool the host could not pin. Recalled: the same, rebuilt from the study's stored trials before each trial
 (`recalled`), so a resumed run and the other workers of a shared study do not pay a restart
 to relearn what an earlier run or another worker already paid for. Pure: no optuna calls, no
 I/O; the trials come in as optuna's `FrozenTrial`s.
@@ -10,6 +10,7 @@ I/O; the trials come in as optuna's `FrozenTrial`s.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -33,8 +34,19 @@ def learned_start(know: Knowledge, tokens: Any, mfs: Any) -> Knowledge:
     return know
 
 
-def learned_failure(know: Knowledge, failure: str | None, flags: Flags, number: int) -> Knowledge:
-    """A failed start with SGLang's evidence against its mfs bounds mfs for these memory flags."""
+#: SGLang's words when the host cannot pin a HiCache pool that large (a larger one fails too);
+#: not its "host memory should be larger than the device memory", which a larger size cures
+TOO_LARGE_FOR_HOST = re.compile(r"not enough host memory available", re.IGNORECASE)
+
+
+def learned_failure(
+    know: Knowledge, failure: str | None, flags: Flags, number: int, reason: str = ""
+) -> Knowledge:
+    """A failed start with SGLang's evidence against its flags: a CUDA-graph failure or "Not
+    enough memory" bounds mfs for these memory flags, a HiCache pool the host could not pin
+    bounds hicache-size for these ranks (`reason`: SGLang's line)."""
+    if failure == FailureClass.HOST_MEMORY and TOO_LARGE_FOR_HOST.search(reason or ""):
+        return know.with_host_failure(flags, number)
     if "mem-fraction-static" not in normalize_flags(flags):
         return know  # SGLang's own default: nothing to bound
     if failure == FailureClass.OOM_CUDA_GRAPH:
@@ -71,7 +83,7 @@ def recalled(
             continue
         flags = flags_for(t.params)
         if outcome.status == Status.START_FAILED:
-            know = learned_failure(know, outcome.failure, flags, t.number)
+            know = learned_failure(know, outcome.failure, flags, t.number, outcome.reason)
             continue
         info = a.get(Attr.SERVER_INFO) or {}
         know = learned_start(

@@ -66,6 +66,8 @@ class Knowledge:
     floors: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
     #: (memory key, mfs, concurrency, trial): died under load there
     deaths: tuple[tuple[tuple, float, int, int], ...] = field(default_factory=tuple)
+    #: ((TP, DP), hicache-size, trial): the host could not pin that much per rank, nor more
+    host_failures: tuple[tuple[tuple[int, int], float, int], ...] = field(default_factory=tuple)
 
     def with_start(self, tokens: int, mfs: float) -> Knowledge:
         return self if self.calibration else replace(self, calibration=(tokens, mfs))
@@ -89,6 +91,15 @@ class Knowledge:
         if entry in self.deaths:
             return self
         return replace(self, deaths=(*self.deaths, entry))
+
+    def with_host_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
+        size = effective_flags(flags).get("hicache-size")
+        if not size or isinstance(size, bool):
+            return self
+        entry = (parallel_sizes(flags), float(size), trial)
+        if entry in self.host_failures:
+            return self
+        return replace(self, host_failures=(*self.host_failures, entry))
 
     def death_cap(self, flags: Mapping[str, Any]) -> int | None:
         """The lowest concurrency at which a server no sturdier than this one died under load
@@ -201,6 +212,14 @@ def precheck(
     if not size:
         return Verdict(True)
     tp, dp = parallel_sizes(flags)
+    for ranks, failed, trial in know.host_failures:
+        if ranks == (tp, dp) and float(size) >= failed:
+            return Verdict(
+                False,
+                f"hicache-size {size} >= {failed:g}, which the host could not pin for "
+                f"{tp * dp} rank(s) (trial {trial}: not enough host memory available)",
+                "host_memory",
+            )
     host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
     if hw.bytes_per_token:
         device = device_floor(float(mfs or 0), tokens, hw.bytes_per_token, know)

@@ -408,7 +408,9 @@ class TrialRunner:
         elif result.failure == FailureClass.BAD_FLAG and study_file_at_fault(self.started):
             raise rejected_flags(self.cfg, result)
         else:
-            self.knowledge = learned_failure(self.knowledge, result.failure, flags, number)
+            self.knowledge = learned_failure(
+                self.knowledge, result.failure, flags, number, result.reason
+            )
         return result
 
     def _death_after(self, load: LoadResult) -> ServerDeath | None:

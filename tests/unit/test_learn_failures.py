@@ -120,3 +120,27 @@ def test_a_runner_learns_a_death_under_load(tmp_path: Path) -> None:
     assert r.knowledge.deaths and r.knowledge.deaths[0][1:] == (mfs, 128, n)
     nxt = r.run(9, {"mem-fraction-static": mfs + 0.01, "concurrency": 160}, tmp_path / "9")
     assert nxt.status == Status.REJECTED and nxt.failure == "oom_runtime" and not nxt.launched
+
+
+HOST = (
+    "ValueError: Not enough host memory available. Requesting 54.00 GB but only have 35.26 GB free."
+)
+
+
+def test_a_hicache_pool_the_host_could_not_pin_rejects_that_size_and_more() -> None:
+    from tuner.learning import learned_failure
+
+    tp8 = {"model-path": "m", "tensor-parallel-size": 8, "mem-fraction-static": 0.9}
+    know = learned_failure(Knowledge(), "host_memory", {**tp8, "hicache-size": 54}, 9, HOST)
+    hw = Hardware()
+    v = precheck({**tp8, "hicache-size": 60, "mem-fraction-static": 0.8}, hw, know)
+    assert not v.feasible and v.kind == "host_memory" and "(trial 9" in v.reason
+    assert not precheck({**tp8, "hicache-size": 54}, hw, know).feasible  # any mfs: host RAM
+    assert precheck({**tp8, "hicache-size": 48}, hw, know).feasible
+    assert precheck({**tp8, "hicache-size": 0}, hw, know).feasible  # HiCache off
+    tp4 = {**tp8, "tensor-parallel-size": 4, "hicache-size": 54}  # fewer ranks: half the RAM
+    assert precheck(tp4, hw, know).feasible
+    # a host pool not larger than the device pool is cured by a larger size: nothing learned
+    small = "AssertionError: The host memory should be larger than the device memory"
+    flags = {**tp8, "hicache-size": 6}
+    assert learned_failure(Knowledge(), "host_memory", flags, 3, small) == Knowledge()

@@ -21,6 +21,7 @@ from tuner.trial import Attr, Status
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"model-path": "m", "chunked-prefill-size": 8192}
+HOST = "ValueError: Not enough host memory available. Requesting 48.00 GB but only have 30 GB free."
 
 
 def _study_file() -> dict[str, Any]:
@@ -73,7 +74,7 @@ def _trial(number: int, mfs: float, status: str, **attrs: Any) -> optuna.trial.F
 
 def test_recall_learns_each_launched_trial_once_and_nothing_else() -> None:
     def flags(params: Any) -> dict[str, Any]:
-        return {**BASE, "mem-fraction-static": params["mem-fraction-static"]}
+        return {**BASE, "mem-fraction-static": params["mem-fraction-static"], "hicache-size": 48}
 
     start = {"max_total_num_tokens": 400_000, "mem_fraction_static": 0.85}
     trials = [
@@ -85,12 +86,14 @@ def test_recall_learns_each_launched_trial_once_and_nothing_else() -> None:
         _trial(4, 0.96, "rejected", **{Attr.FAILURE: "oom_cuda_graph", Attr.LAUNCHED: False}),
         _trial(5, 0.93, "died", **{Attr.FAILURE: "oom_runtime", Attr.DUPLICATE_OF: 3}),
         _trial(6, 0.91, "start_failed", **{Attr.FAILURE: "crashed"}),
+        _trial(7, 0.90, "start_failed", **{Attr.FAILURE: "host_memory", Attr.REASON: HOST}),
     ]
     know = recalled(Knowledge(), trials, flags)
     assert know.calibration == (400_000, 0.85)
     assert [(m, n) for _, m, n in know.graph_failures] == [(0.95, 1)]
     assert [(m, n) for _, m, n in know.floors] == [(0.40, 2)]
     assert [(m, c, n) for _, m, c, n in know.deaths] == [(0.92, 64, 3)]
+    assert know.host_failures == (((1, 1), 48.0, 7),)
     # what this run learned live is the same entry when the study recalls it
     assert recalled(know, trials, flags) == know
     # the first start calibrates; a recalled one never replaces it
