@@ -71,15 +71,13 @@ def recalled(
     know: Knowledge, trials: Iterable[FrozenTrial], flags_for: Callable[[Flags], Flags]
 ) -> Knowledge:
     """`know` plus what the study's trials taught when they ran (`flags_for`: a trial's params
-    -> its server's flags). Only trials that launched a server teach: a pre-check's rejection
-    restates what was known, a duplicate is its original's record, a world failure (FAIL)
-    says nothing of the flags. Entries already known are not added twice."""
+    -> its server's flags). Only trials that ran teach (a death on a reused server too): a
+    pre-check's rejection restates what was known, a duplicate is its original's record, a
+    world failure (FAIL) says nothing of the flags. Entries already known are not added twice."""
     for t in sorted(trials, key=lambda t: t.number):
         a = t.user_attrs
-        if not a.get(Attr.LAUNCHED) or Attr.DUPLICATE_OF in a:
-            continue
         outcome = TrialOutcome.from_attrs(a)
-        if outcome is None:
+        if outcome is None or outcome.status == Status.REJECTED or Attr.DUPLICATE_OF in a:
             continue
         flags = flags_for(t.params)
         if outcome.status == Status.START_FAILED:

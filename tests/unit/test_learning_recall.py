@@ -87,12 +87,14 @@ def test_recall_learns_each_launched_trial_once_and_nothing_else() -> None:
         _trial(5, 0.93, "died", **{Attr.FAILURE: "oom_runtime", Attr.DUPLICATE_OF: 3}),
         _trial(6, 0.91, "start_failed", **{Attr.FAILURE: "crashed"}),
         _trial(7, 0.90, "start_failed", **{Attr.FAILURE: "host_memory", Attr.REASON: HOST}),
+        # a death on a server an earlier trial started (a probe): it ran, so it teaches
+        _trial(8, 0.94, "died", **{Attr.FAILURE: "oom_runtime", Attr.LAUNCHED: False}),
     ]
     know = recalled(Knowledge(), trials, flags)
     assert know.calibration == (400_000, 0.85)
     assert [(m, n) for _, m, n in know.graph_failures] == [(0.95, 1)]
     assert [(m, n) for _, m, n in know.floors] == [(0.40, 2)]
-    assert [(m, c, n) for _, m, c, n in know.deaths] == [(0.92, 64, 3)]
+    assert [(m, c, n) for _, m, c, n in know.deaths] == [(0.92, 64, 3), (0.94, 64, 8)]
     assert know.host_failures == (((1, 1), 48.0, 7),)
     # what this run learned live is the same entry when the study recalls it
     assert recalled(know, trials, flags) == know
