@@ -1,9 +1,9 @@
 """What trials teach the pre-check (`precheck.Knowledge`), live and recalled.
 
 Live: the runner folds in each start (the pool's calibration), each failed start with SGLang's
-evidence (a CUDA-graph failure bounds mfs from above, "Not enough memory" from below) and each
-death under load, and a HiCache pool the host could not pin. Recalled: the same, rebuilt from the study's stored trials before each trial
-(`recalled`), so a resumed run and the other workers of a shared study do not pay a restart
+evidence (a CUDA-graph failure bounds mfs from above, "Not enough memory" from below, "Not
+enough host memory" bounds hicache-size) and each death under load. Recalled: the same, rebuilt
+from the study's stored trials before each trial (`recalled`), so a resumed run and the other workers of a shared study do not pay a restart
 to relearn what an earlier run or another worker already paid for. Pure: no optuna calls, no
 I/O; the trials come in as optuna's `FrozenTrial`s.
 """

@@ -72,34 +72,26 @@ class Knowledge:
     def with_start(self, tokens: int, mfs: float) -> Knowledge:
         return self if self.calibration else replace(self, calibration=(tokens, mfs))
 
-    # each entry names its trial: the same trial learned twice (live, then recalled from the
-    # study, `learning.recalled`) is one entry
+    def _with(self, name: str, entry: tuple) -> Knowledge:
+        """`entry` added to the field `name`; each entry names its trial, so the same trial
+        learned twice (live, then recalled from the study: `learning.recalled`) is one entry."""
+        known = getattr(self, name)
+        return self if entry in known else replace(self, **{name: (*known, entry)})
+
     def with_graph_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
-        entry = (memory_key(flags), _mfs(flags), trial)
-        if entry in self.graph_failures:
-            return self
-        return replace(self, graph_failures=(*self.graph_failures, entry))
+        return self._with("graph_failures", (memory_key(flags), _mfs(flags), trial))
 
     def with_floor(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
-        entry = (memory_key(flags), _mfs(flags), trial)
-        if entry in self.floors:
-            return self
-        return replace(self, floors=(*self.floors, entry))
+        return self._with("floors", (memory_key(flags), _mfs(flags), trial))
 
     def with_death(self, flags: Mapping[str, Any], concurrency: int, trial: int) -> Knowledge:
-        entry = (memory_key(flags), _mfs(flags), int(concurrency), trial)
-        if entry in self.deaths:
-            return self
-        return replace(self, deaths=(*self.deaths, entry))
+        return self._with("deaths", (memory_key(flags), _mfs(flags), int(concurrency), trial))
 
     def with_host_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
         size = effective_flags(flags).get("hicache-size")
         if not size or isinstance(size, bool):
             return self
-        entry = (parallel_sizes(flags), float(size), trial)
-        if entry in self.host_failures:
-            return self
-        return replace(self, host_failures=(*self.host_failures, entry))
+        return self._with("host_failures", (parallel_sizes(flags), float(size), trial))
 
     def death_cap(self, flags: Mapping[str, Any]) -> int | None:
         """The lowest concurrency at which a server no sturdier than this one died under load
