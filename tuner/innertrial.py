@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
+from tuner.holdodds import exceed_odds
 from tuner.innersearch import Bounds, Point, search, start_at
 from tuner.pooled import SLO_MARGIN
 from tuner.pooledcurve import fit, narrowed
@@ -54,6 +55,9 @@ NAME = "concurrency"
 #: a point is not started when less than this many times the last point's time is left
 TIME_MARGIN = 1.2
 LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
+#: a point is clear of its p99 limits only when fewer than 1% of its requests beyond them is
+#: at least this likely (holdodds.exceed_odds): 3 of 297 beyond is not (0.45), 2 of 297 is (0.69)
+EXCEED_CLEAR = 0.5
 
 
 def search_mode(cfg: StudyConfig) -> str:
@@ -375,7 +379,7 @@ def run_inner(
         outcomes[c] = out
         raw = objective_values(cfg.objective, out.metrics)[0] if out.metrics else 0.0
         stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
-        safe = out.feasible and _clear_of_limits(out.constraints)
+        safe = out.feasible and _clear_of_limits(out.constraints) and _few_beyond(out.tails)
         return Point(c, raw, safe, stop, str(out.status), out.reason, out.failure)
 
     result = search(point, b)
@@ -396,6 +400,13 @@ def run_inner(
 def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
     """Every latency at least SLO_MARGIN below its limit (constraint = observed / limit - 1)."""
     return all(constraints.get(k, -1.0) <= -SLO_MARGIN for k in LATENCY_CONSTRAINTS)
+
+
+def _few_beyond(tails: Mapping[str, Any] | None) -> bool:
+    """More likely than not, under 1% of the run's requests miss each p99 limit
+    (holdodds.exceed_odds): a p99 well under its limit can hide a gap in the tail (a few
+    requests of every run far beyond it) that pooled runs or a night of serving would show."""
+    return tails is None or exceed_odds([tails]) >= EXCEED_CLEAR
 
 
 def died_at(outcome: TrialOutcome, params: Mapping[str, Any]) -> int | None:

@@ -112,6 +112,12 @@ def _edges(bins: Mapping[str, int], ranks: Sequence[int]) -> list[float]:
     return out
 
 
+def count_above(bins: Mapping[str, int], limit_ms: float) -> int:
+    """How many binned values may lie above `limit_ms`: those of every bin whose upper edge is
+    above it (the bin that straddles it counted whole: strict by less than 1%, as `quantile`)."""
+    return sum(int(n) for k, n in bins.items() if upper_ms(int(k)) > limit_ms)
+
+
 def merge(many: Iterable[Mapping[str, int]]) -> dict[str, int]:
     """Bins summed."""
     out: dict[str, int] = {}

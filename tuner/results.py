@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.holdodds import hold_odds, log_ratios, noise_sd
+from tuner.holdodds import exceed_odds, hold_odds, log_ratios, noise_sd
 from tuner.pooled import near_limits, pooled_verdict
 from tuner.space import canonical
 from tuner.trial import Attr, full_params, is_feasible
@@ -107,7 +107,7 @@ class Candidate(NamedTuple):
     held: int  # how many of `runs` held every SLO on their own requests
     pooled: dict[str, Any] | None  # pooled_metrics and the limits; None: no pooled verdict
     missed: list[str]  # what the pooled figures miss
-    odds: float = 1.0  # that its next start holds every latency limit (holdodds)
+    odds: float = 1.0  # that its next start holds every latency limit (holdodds: both odds)
     worth: float = 0.0  # what it ranks by: `mean`, less when `odds` are below ODDS_STEADY
 
 
@@ -155,7 +155,8 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
         mean = (
             0.0 if missed else sum(v for v, ok in zip(runs, alone, strict=True) if ok) / len(runs)
         )
-        odds = hold_odds(t_tails, sd)
+        # the p99s' distance from the limits, and the requests seen beyond them (a gap in the tail)
+        odds = min(hold_odds(t_tails, sd), exceed_odds(t_tails))
         # odds of ODDS_STEADY or more count as sure; below, a start is worth its share of them
         worth = min(mean, min(1.0, odds / ODDS_STEADY) * sum(runs) / len(runs))
         out.append(Candidate(t, runs, mean, sum(alone), pooled, missed, odds, worth))
