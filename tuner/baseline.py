@@ -52,7 +52,9 @@ def aim_baseline(
     the baseline's search starts at its concurrency."""
     recall = getattr(runner, "recall", None)
     if recall is not None:
-        recall(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        recall(
+            study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), attrs.get(Attr.WORKER)
+        )
     inner = getattr(runner, "inner", None)
     if inner is not None:  # reset too: a baseline rejected before its search leaves none
         inner.start_next = baseline_start(cfg) if attrs.get(Attr.BASELINE) else None

@@ -68,12 +68,17 @@ def learned_death(
 
 
 def recalled(
-    know: Knowledge, trials: Iterable[FrozenTrial], flags_for: Callable[[Flags], Flags]
+    know: Knowledge,
+    trials: Iterable[FrozenTrial],
+    flags_for: Callable[[Flags], Flags],
+    worker: str | None = None,
 ) -> Knowledge:
     """`know` plus what the study's trials taught when they ran (`flags_for`: a trial's params
     -> its server's flags). Only trials that ran teach (a death on a reused server too): a
     pre-check's rejection restates what was known, a duplicate is its original's record, a
-    world failure (FAIL) says nothing of the flags. Entries already known are not added twice."""
+    world failure (FAIL) says nothing of the flags. Entries already known are not added twice.
+    A host that could not pin a HiCache size teaches only its own worker (`worker`: each
+    worker drives its own host, and hosts differ in free RAM where GPUs are alike)."""
     for t in sorted(trials, key=lambda t: t.number):
         a = t.user_attrs
         outcome = TrialOutcome.from_attrs(a)
@@ -81,7 +86,9 @@ def recalled(
             continue
         flags = flags_for(t.params)
         if outcome.status == Status.START_FAILED:
-            know = learned_failure(know, outcome.failure, flags, t.number, outcome.reason)
+            other_host = worker is not None and a.get(Attr.WORKER) not in (None, worker)
+            if not (other_host and outcome.failure == FailureClass.HOST_MEMORY):
+                know = learned_failure(know, outcome.failure, flags, t.number, outcome.reason)
             continue
         info = a.get(Attr.SERVER_INFO) or {}
         know = learned_start(

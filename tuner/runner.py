@@ -429,10 +429,11 @@ class TrialRunner:
     ) -> None:
         self.knowledge = learned_death(self.knowledge, outcome, flags, params, self.number)
 
-    def recall(self, trials: Sequence[FrozenTrial]) -> None:
+    def recall(self, trials: Sequence[FrozenTrial], worker: str | None = None) -> None:
         """Before a trial: what the study's trials (every worker's, a resumed run's earlier
-        ones) taught the pre-check and the inner search, on top of what this run saw."""
-        self.knowledge = recalled(self.knowledge, trials, self.flags_for)
+        ones) taught the pre-check and the inner search, on top of what this run saw
+        (`worker`: this run's, whose host alone its host-memory failures speak for)."""
+        self.knowledge = recalled(self.knowledge, trials, self.flags_for, worker)
         if self.inner is not None:
             self.inner.recall(trials)
 

@@ -101,3 +101,20 @@ def test_recall_learns_each_launched_trial_once_and_nothing_else() -> None:
     # the first start calibrates; a recalled one never replaces it
     own = Knowledge(calibration=(1, 0.5))
     assert recalled(own, trials, flags).calibration == (1, 0.5)
+
+
+def test_a_host_memory_failure_teaches_only_the_worker_whose_host_it_was() -> None:
+    def flags(params: Any) -> dict[str, Any]:
+        return {**BASE, "mem-fraction-static": params["mem-fraction-static"], "hicache-size": 48}
+
+    graph = {Attr.FAILURE: "oom_cuda_graph", Attr.WORKER: "host-a"}
+    host = {Attr.FAILURE: "host_memory", Attr.REASON: HOST, Attr.WORKER: "host-a"}
+    trials = [_trial(0, 0.95, "start_failed", **graph), _trial(1, 0.9, "start_failed", **host)]
+    # host-b's host may have the RAM host-a lacked; the GPUs are alike (the study's hardware)
+    other = recalled(Knowledge(), trials, flags, worker="host-b")
+    assert other.host_failures == () and [n for *_, n in other.graph_failures] == [0]
+    assert recalled(Knowledge(), trials, flags, worker="host-a").host_failures == (
+        ((1, 1), 48.0, 1),
+    )
+    # no worker given (nothing to tell hosts apart by): it teaches
+    assert recalled(Knowledge(), trials, flags).host_failures == (((1, 1), 48.0, 1),)
