@@ -17,8 +17,8 @@ The two read different things and a configuration needs both. A p99 read from a 
 requests hides a tail with a gap: Kimi TP8 at concurrency 62 has, on every start, 3 requests
 of ~297 that waited ~71 s (the opening burst beyond what the pool admits) and the rest under
 22 s; each run's p99 interpolates 4% of the way into the gap (24 s of a 30 s limit), three runs
-pooled 10% (28 s), five 16% (30 s): 1.01% of its requests miss the limit, so its p99 over a
-night is 71 s. `exceed_odds` counts them.
+pooled 10% (28 s), five 16% (30 s): 1.01% of its requests miss the limit, so its p99 over
+more runs of that length is 71 s. `exceed_odds` counts them.
 """
 
 from __future__ import annotations

@@ -405,7 +405,7 @@ def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
 def _few_beyond(tails: Mapping[str, Any] | None) -> bool:
     """More likely than not, under 1% of the run's requests miss each p99 limit
     (holdodds.exceed_odds): a p99 well under its limit can hide a gap in the tail (a few
-    requests of every run far beyond it) that pooled runs or a night of serving would show."""
+    requests of every run far beyond it) that its runs pooled show."""
     return tails is None or exceed_odds([tails]) >= EXCEED_CLEAR
 
 

@@ -1,7 +1,7 @@
 """The inner search does not take a point whose p99 hides a gap in the tail (innertrial.py):
 Kimi TP8's concurrency 62 had, on every start, 3 of ~297 requests at 71 s (the opening burst
 beyond what the pool admits) and the rest under 22 s: each run's p99 read 24 s of a 30 s limit,
-its true share beyond the limit 1.01%, so a night of serving misses the limit."""
+its true share beyond the limit 1.01%, so its runs pooled miss the limit."""
 
 from __future__ import annotations
 
