@@ -1,4 +1,5 @@
-"""How sure it is that a configuration holds its latency limits, from its runs' p99s. Pure.
+"""How sure it is that a configuration holds its latency limits, from its runs' p99s and the
+requests beyond the limits. Pure.
 
 A configuration measured at p99 TTFT 2,940 ms against 3,000 held on those runs, but its true
 p99 (what a night of serving would see) is known only to within the run-to-run noise: one
