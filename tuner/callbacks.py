@@ -7,7 +7,8 @@ tuning.py only lists them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -100,8 +101,9 @@ class HaltOnRunaway:
     Failed trials do not count toward `n_trials`, so without this bound an unreachable host
     turns the night into thousands of failed trials; a host that never worked in this run (a
     typo, a key not trusted) stops at `limit` as soon as it is reached. Any completed trial
-    resets the count and proves the host works, except a world failure counted as the
-    configuration's (reproduce.py: no server ran). `optuna.Study.stop` ends the loop after this
+    resets the count and proves the host works, except one that did not reach it: a world failure
+    counted as the configuration's (reproduce.py: no server ran), a duplicate answered from an
+    earlier trial, a rejection by the pre-check. `optuna.Study.stop` ends the loop after this
     trial; `halted` says why, for the caller to raise.
     """
 
@@ -122,7 +124,7 @@ class HaltOnRunaway:
         if trial.user_attrs.get(Attr.WORKER) not in (None, self.worker):
             return
         if trial.state == TrialState.COMPLETE:
-            if not trial.user_attrs.get(Attr.REPRODUCED):
+            if _touched_host(trial.user_attrs):
                 self.ride.reset()
                 self.completed = True
             return
@@ -140,6 +142,16 @@ class HaltOnRunaway:
             + f"); last: {last}"
         )
         study.stop()
+
+
+def _touched_host(attrs: Mapping[str, Any]) -> bool:
+    """A completed trial that reached the host: not a reproduced world failure, a duplicate
+    (its record is another trial's) or a pre-check rejection."""
+    return not (
+        attrs.get(Attr.REPRODUCED)
+        or Attr.DUPLICATE_OF in attrs
+        or attrs.get(Attr.STATUS) == Status.REJECTED
+    )
 
 
 class LeaveTimeToConfirm:

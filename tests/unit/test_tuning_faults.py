@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from optuna.trial import TrialState
+from optuna.trial import TrialState, create_trial
 
 from tests.unit.test_study import STUDY, FakeServer, setup
+from tuner.callbacks import HaltOnRunaway
 from tuner.errors import (
     HostUnreachable,
     InfraRunaway,
@@ -413,3 +414,43 @@ def test_a_log_that_cannot_be_fetched_costs_the_evidence_not_the_trial(tmp_path:
     tuning.optimize(2, None)
     states = [t.state for t in study.trials]
     assert states.count(TrialState.COMPLETE) == 2 and TrialState.FAIL not in states
+
+
+@pytest.mark.parametrize(
+    "attrs, resets",
+    [
+        ({Attr.STATUS: Status.OK}, True),
+        ({Attr.STATUS: Status.OK, Attr.DUPLICATE_OF: 0}, False),
+        ({Attr.STATUS: Status.REJECTED}, False),
+        ({Attr.STATUS: Status.START_FAILED, Attr.REPRODUCED: True}, False),
+    ],
+)
+def test_only_a_trial_that_reached_the_host_ends_a_streak(
+    attrs: dict[str, object], resets: bool
+) -> None:
+    """Mid-outage the sampler may repeat a known config (answered from storage) or the pre-check
+    reject one: neither touched the host, so neither proves it is back (a reset would restart
+    the outage's tolerance, and the night's bound with it)."""
+
+    class Study:  # what a callback may call: stop (optuna's refuses outside optimize())
+        def stop(self) -> None:
+            pass
+
+    study, halt = Study(), HaltOnRunaway(limit=3, worker="w")
+
+    def told(state: TrialState, a: dict[str, object]) -> None:
+        halt(
+            study,
+            create_trial(
+                state=state,
+                user_attrs={Attr.WORKER: "w", **a},
+                values=None if state == TrialState.FAIL else [1.0],
+            ),
+        )
+
+    down = {Attr.INFRA_ERROR: "connection refused"}
+    told(TrialState.FAIL, down)
+    told(TrialState.FAIL, down)
+    told(TrialState.COMPLETE, attrs)
+    told(TrialState.FAIL, down)
+    assert (halt.halted is None) == resets, halt.halted
