@@ -271,6 +271,8 @@ class SamplerSection(Model):
     n_startup_trials: int = Field(4, ge=0, le=MAX_TRIALS)
     #: grid: points taken on a range without a step (on the log scale for `log: true`)
     grid_points: int = Field(8, ge=2, le=1000)
+    #: queue the best server's mfs raised halfway to the nearest failure above it (edgeprobe.py)
+    mfs_edge: bool = True
 
 
 class HardwareSection(Model):

@@ -139,7 +139,8 @@ def ttft(cfg: StudyConfig, study: optuna.Study) -> Chart:
     pts = [
         (t.params["concurrency"], v, t)
         for t in complete(study)
-        if "concurrency" in t.params and (v := _metric(t, "p99_ttft_ms"))
+        # 0 ms is a measurement too (a fake server's, an idle queue's): only None is none
+        if "concurrency" in t.params and (v := _metric(t, "p99_ttft_ms")) is not None
     ]
     if not pts:
         return Chart("ttft", title, "", note="no measured trial with a searched concurrency")

@@ -103,6 +103,7 @@ class Attr(StrEnum):
     RETRY_OF = "retry_of"
     PROBE_OF = "probe_of"  # a neighbouring concurrency on the server this trial started
     PROBES_LEFT = "probes_left"
+    EDGE_OF = "edge_of"  # mfs raised toward its cliff from this best trial's (edgeprobe.py)
     BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
     #: a world failure that came back the same way on every retry, counted as the config's
     REPRODUCED = "reproduced"

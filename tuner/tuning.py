@@ -45,6 +45,7 @@ from tuner.callbacks import (
 )
 from tuner.config import StudyConfig
 from tuner.confirmruns import ConfirmRecord, ConfirmTimeUp, Tails, run_value
+from tuner.edgeprobe import ProbeEdge
 from tuner.errors import (
     HaltError,
     InfraError,
@@ -225,6 +226,7 @@ class Tuning:
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
             RetryInfraFailures(b.infra_retries),
             ProbeConcurrency(self.cfg.space.get("concurrency"), b, n_trials),
+            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials),
         ]
         if self.on_trial:
             callbacks.append(Progress(self.on_trial))
@@ -347,15 +349,8 @@ class Tuning:
         trial.set_user_attr(Attr.REPRODUCED, True)  # no proof the host works (reproduce.py)
         tries = self.cfg.budget.infra_retries + 1
         status = Status.DIED if outcome is not None and outcome.metrics else Status.START_FAILED
-        kw: dict[str, Any] = {}
-        if outcome is not None:
-            kw = {
-                "metrics": outcome.metrics,
-                "server_info": outcome.server_info,
-                "restarted": outcome.restarted,
-                "launched": outcome.launched,
-                "flags": outcome.flags,
-            }
+        kept = ("metrics", "server_info", "restarted", "launched", "flags")  # what it measured
+        kw: dict[str, Any] = {k: getattr(outcome, k) for k in kept} if outcome is not None else {}
         why = f"failed the same way {tries} time{'s' if tries > 1 else ''}: {reason}"
         return failed_outcome(self.cfg.objective, status, why, failure, **kw)
 

@@ -217,6 +217,7 @@ def strategy_data(case: str, strategy: str) -> dict[str, Any]:
         d["budget"]["concurrency_probes"] = 0
         sampler = d.setdefault("sampler", {})
         sampler["name"] = strategy
+        sampler["mfs_edge"] = False  # the sampler alone proposes every server
         # the samplers alone, as before the inner search: concurrency is one more parameter
         d["space"]["concurrency"]["search"] = "joint"
     return d

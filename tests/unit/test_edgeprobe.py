@@ -1,0 +1,151 @@
+"""The mfs edge probe: the best server's mem-fraction-static bisected toward the nearest mfs
+above it that failed, on its other flags; a queued trial per restart, never past a known cliff."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from tuner.api import tune
+from tuner.edgeprobe import MFS, ProbeEdge, edge_probe, ladder
+from tuner.sim.virtual_study import virtual_seams
+from tuner.studyfile import parse_study
+from tuner.trial import Attr, Status
+
+REPO = Path(__file__).resolve().parents[2]
+DIST = FloatDistribution(0.80, 0.95, step=0.01)
+FIXED = {"model-path": "m", "chunked-prefill-size": 8192}
+
+
+def flags_for(params: dict[str, Any]) -> dict[str, Any]:
+    return {**FIXED, **params}
+
+
+def trial(mfs: float, status: Status, value: float = 0.0, **params: Any) -> FrozenTrial:
+    """A completed trial as the loop stores it (feasible iff measured and OK)."""
+    ok = status == Status.OK
+    return create_trial(
+        params={MFS: mfs, **params},
+        distributions={MFS: DIST, **{k: CategoricalDistribution([v]) for k, v in params.items()}},
+        values=[value if ok else 0.0],
+        user_attrs={Attr.STATUS: status},
+        system_attrs={"constraints": [-1.0 if ok else 1.0]},
+    )
+
+
+def probe(*trials: FrozenTrial, dist: Any = DIST) -> float | None:
+    params = edge_probe(list(trials), dist, flags_for)
+    return None if params is None else params[MFS]
+
+
+def test_with_no_failure_above_the_probe_climbs_halfway_past_the_top() -> None:
+    # nothing failed above 0.86: the gap ends one step past 0.95, so 0.91 is halfway
+    assert probe(trial(0.86, Status.OK, 700)) == pytest.approx(0.91)
+
+
+def test_each_probe_halves_the_gap_to_the_failure_above() -> None:
+    best = trial(0.86, Status.OK, 700)
+    assert probe(best, trial(0.94, Status.DIED)) == pytest.approx(0.90)
+    # the probe ran and became the best: next, halfway between it and the death
+    assert probe(best, trial(0.94, Status.DIED), trial(0.90, Status.OK, 800)) == pytest.approx(0.92)
+    done = [best, trial(0.94, Status.DIED), trial(0.90, Status.OK, 800), trial(0.92, Status.DIED)]
+    assert probe(*done) == pytest.approx(0.91)
+    assert probe(*done, trial(0.91, Status.OK, 830)) is None  # the edge: 0.91 lives, 0.92 dies
+
+
+def test_the_best_not_the_latest_is_probed_and_a_flat_curve_is_left_alone() -> None:
+    best = trial(0.86, Status.OK, 900)
+    # a feasible server above measured less: the pool no longer binds up there
+    assert probe(best, trial(0.90, Status.OK, 850)) is None
+    # a failure above that feasible one does not reopen the gap below it
+    assert probe(best, trial(0.90, Status.OK, 850), trial(0.93, Status.DIED)) is None
+
+
+def test_every_failure_of_the_same_flags_is_a_ceiling_but_not_another_servers_slo_miss() -> None:
+    best = trial(0.86, Status.OK, 700, **{"hicache-size": 30})
+    for failed in (Status.DIED, Status.START_FAILED, Status.REJECTED, Status.SLO_MISSED):
+        assert probe(best, trial(0.88, failed, **{"hicache-size": 30})) == pytest.approx(0.87)
+    # another hicache-size missed its SLO at 0.88: says nothing of this server's pool
+    assert probe(best, trial(0.88, Status.SLO_MISSED, **{"hicache-size": 0})) == pytest.approx(0.91)
+
+
+def test_a_gpu_failure_with_the_same_memory_flags_is_a_ceiling_whatever_hicache() -> None:
+    best = trial(0.86, Status.OK, 700, **{"hicache-size": 30})
+    died = trial(0.88, Status.DIED, **{"hicache-size": 0})
+    assert probe(best, died) == pytest.approx(0.87)
+    # the same death with another chunked-prefill-size is another memory budget
+    other = trial(0.88, Status.DIED, **{"hicache-size": 30, "chunked-prefill-size": 2048})
+    best2 = trial(0.86, Status.OK, 700, **{"hicache-size": 30, "chunked-prefill-size": 8192})
+    assert probe(best2, other) == pytest.approx(0.91)
+
+
+def test_ladders_choices_and_ranges_without_a_step() -> None:
+    assert ladder(CategoricalDistribution([0.9, 0.8, 0.85])) == [0.8, 0.85, 0.9]
+    assert ladder(FloatDistribution(0.8, 0.83)) == pytest.approx([0.8, 0.81, 0.82, 0.83])
+    assert ladder(FloatDistribution(0.5, 0.9, log=True)) == []
+    choices = CategoricalDistribution([0.80, 0.85, 0.90])
+    assert probe(trial(0.80, Status.OK, 1), trial(0.90, Status.DIED), dist=choices) == 0.85
+    assert probe(trial(0.80, Status.SLO_MISSED)) is None  # nothing feasible: nothing to climb
+
+
+def _study_file() -> dict[str, Any]:
+    """The demo's H100 up to mfs 0.98, where a large prefill runs out of memory under load."""
+    d = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())
+    d["space"] = {
+        "mem-fraction-static": {"low": 0.80, "high": 0.98, "step": 0.01},
+        "concurrency": {"low": 8, "high": 256, "log": True},
+    }
+    d["baseline"] = {"mem-fraction-static": 0.82}
+    d["workload"].update(input_len=1024, output_len=128, range_ratio=0.5, duration_s=3)
+    d["objective"]["slo"] = {"p99_ttft_ms": 2900}
+    d["budget"].update(confirm_top=0, inner_runs=3)
+    return d
+
+
+def test_a_virtual_study_climbs_from_the_baseline_to_the_cliff_one_restart_at_a_time(
+    tmp_path: Path,
+) -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    cfg = parse_study(_study_file(), "d.yaml")
+    study = tune(cfg, runs_dir=tmp_path, seed=3, n_trials=5, make_seams=virtual_seams(3)).study
+    trials = study.trials
+    probes = [t for t in trials if Attr.EDGE_OF in t.user_attrs]
+    assert [t.number for t in probes] == [1, 2, 3, 4]  # the baseline, then each probe's next
+    for t in probes:
+        below = trials[t.user_attrs[Attr.EDGE_OF]]
+        assert below.params[MFS] < t.params[MFS]  # always up from the best it probed
+        assert below.user_attrs[Attr.STATUS] == Status.OK
+    # the gap halves: no probe lands where an earlier one already failed or below a success
+    deaths = [t.params[MFS] for t in trials if t.user_attrs[Attr.STATUS] != Status.OK]
+    oks = [t.params[MFS] for t in trials if t.user_attrs[Attr.STATUS] == Status.OK]
+    assert deaths and max(oks) < min(deaths), (oks, deaths)
+
+
+def test_the_callback_queues_one_probe_and_never_twice(tmp_path: Path) -> None:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
+    best = trial(0.86, Status.OK, 700)
+    study.add_trial(best)
+    cb = ProbeEdge(DIST, flags_for)
+    cb(study, study.trials[-1])
+    cb(study, study.trials[-1])  # a waiting probe: nothing more queued
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"][MFS] for t in waiting] == [pytest.approx(0.91)]
+    assert waiting[0].user_attrs[Attr.EDGE_OF] == 0
+    ProbeEdge(None, flags_for)(study, study.trials[0])  # mfs not searched: no probe
+    ProbeEdge(DIST, flags_for, n_trials=1)(study, study.trials[0])  # budget spent: none
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 1
+
+
+def test_mfs_edge_off_leaves_every_server_to_the_sampler(tmp_path: Path) -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    data = _study_file()
+    data.setdefault("sampler", {})["mfs_edge"] = False
+    cfg = parse_study(data, "d.yaml")
+    study = tune(cfg, runs_dir=tmp_path, seed=3, n_trials=3, make_seams=virtual_seams(3)).study
+    assert len(study.trials) == 3 and not any(Attr.EDGE_OF in t.user_attrs for t in study.trials)
