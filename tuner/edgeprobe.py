@@ -15,6 +15,12 @@ SGLang's memory flags are the same (`precheck.memory_key`: a death or a graph fa
 GPU memory, which hicache-size does not change); the pre-check rejects a probe it knows will
 fail, which costs no restart and narrows the gap the same way.
 
+Once the best sits at its cliff (the next grid point up failed on the GPU), the cliff is known
+for every server with the same memory flags: one that differs in other flags (a hicache-size, a
+scheduler knob) and served more per token of its KV pool than the best did is run at the best's
+mfs (a lift), each such server once. On Kimi TP8 the chain finds the cliff with HiCache off in 4
+restarts (0.980 of the optimum) and the lifts carry the HiCache sizes the sampler tried there.
+
 `edge_probe` is pure (trials in, params out); `ProbeEdge` is the optuna callback that queues it.
 """
 
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
@@ -33,7 +39,7 @@ from tuner.innertrial import sampled_space
 from tuner.precheck import memory_key
 from tuner.sglang.failures import FailureClass
 from tuner.space import canonical, distributions
-from tuner.trial import Attr, Status, is_feasible
+from tuner.trial import POOL_ATTR, Attr, Status, is_feasible
 
 MFS = "mem-fraction-static"
 #: the grid a range without a step is bisected on (SGLang reads mfs to any precision; a hundredth
@@ -73,7 +79,13 @@ def _fails_on_gpu(t: FrozenTrial) -> bool:
     )
 
 
-def _best(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+class Probe(NamedTuple):
+    params: dict[str, Any]
+    of: int  # the trial whose other flags it keeps, at a higher mfs
+
+
+def _measured(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """Completed, feasible trials that measured their own server, best first."""
     ok = [
         t
         for t in trials
@@ -83,42 +95,98 @@ def _best(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
         and Attr.DUPLICATE_OF not in t.user_attrs
         and _mfs(t) is not None
     ]
-    return max(ok, key=lambda t: (t.values[0], -t.number), default=None)
+    return sorted(ok, key=lambda t: (-t.values[0], t.number))
+
+
+def _best(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    return next(iter(_measured(trials)), None)
+
+
+def _above(
+    t: FrozenTrial, trials: Sequence[FrozenTrial], flags_for: Callable[[Flags], Flags]
+) -> tuple[float, bool]:
+    """The nearest mfs above `t`'s that ran or was judged with its flags, or failed on the GPU
+    with its memory flags, and whether it failed; (inf, True) when none did."""
+    m_t, others, key = _mfs(t), _others(t.params), memory_key(flags_for(t.params))
+    assert m_t is not None
+    above: list[tuple[float, bool]] = []
+    for u in trials:
+        m = _mfs(u)
+        if u.state != TrialState.COMPLETE or m is None or m <= m_t + 1e-9:
+            continue
+        if _others(u.params) == others:
+            above.append((m, not is_feasible(u.constraints)))
+        elif _fails_on_gpu(u) and memory_key(flags_for(u.params)) == key:
+            above.append((m, True))
+    return min(above, default=(math.inf, True))
+
+
+def _bisect(m_b: float, hi: float, grid: list[float]) -> float | None:
+    """The grid point halfway between the best's mfs and the failure above it, if any is left;
+    none failed above: the range's top counts as failed one step past it, so it is reachable."""
+    inside = [m for m in grid if m_b + 1e-9 < m < hi - 1e-9]
+    if not inside:
+        return None
+    ceiling = hi if hi < math.inf else grid[-1] + (grid[-1] - grid[0]) / max(1, len(grid) - 1)
+    mid = (m_b + ceiling) / 2
+    return min(inside, key=lambda m: (abs(m - mid), m))
+
+
+def _pool(t: FrozenTrial) -> float | None:
+    v = t.user_attrs.get(POOL_ATTR)
+    return float(v) if isinstance(v, int | float) and v > 0 else None
+
+
+def _lift(
+    best: FrozenTrial,
+    hi: float,
+    trials: Sequence[FrozenTrial],
+    grid: list[float],
+    flags_for: Callable[[Flags], Flags],
+) -> Probe | None:
+    """The best sits at its memory flags' cliff (the next grid point up failed on the GPU, or
+    it is the range's top): another server with the same memory flags but other flags (a
+    hicache-size, a scheduler knob) that served more per token of its pool than the best did,
+    at a lower mfs, is run at the best's mfs: the cliff is the GPU's, theirs too."""
+    m_b, pool_b = _mfs(best), _pool(best)
+    assert m_b is not None
+    up = [m for m in grid if m > m_b + 1e-9]
+    if pool_b is None or (up and abs(hi - up[0]) > 1e-9):
+        return None
+    key, others = memory_key(flags_for(best.params)), _others(best.params)
+    tried = {canonical(t.params) for t in trials}
+    for t in _measured(trials):
+        m, pool = _mfs(t), _pool(t)
+        if m is None or pool is None or m >= m_b - 1e-9 or _others(t.params) == others:
+            continue
+        if t.values[0] / pool < best.values[0] / pool_b:
+            continue  # less per token of pool: raising its pool would not reach the best
+        params = {**t.params, MFS: m_b}
+        if memory_key(flags_for(params)) == key and canonical(params) not in tried:
+            return Probe(params, t.number)
+    return None
 
 
 def edge_probe(
     trials: Sequence[FrozenTrial], dist: BaseDistribution, flags_for: Callable[[Flags], Flags]
-) -> dict[str, Any] | None:
-    """The params of the next probe toward mfs's cliff, or None (nothing left to bisect).
+) -> Probe | None:
+    """The next probe toward mfs's cliff, or None (nothing left to probe).
 
-    `trials`: the study's; `dist`: mfs's distribution; `flags_for`: params -> server flags."""
+    `trials`: the study's (those queued or running count as tried); `dist`: mfs's
+    distribution; `flags_for`: params -> server flags."""
     best = _best(trials)
     grid = ladder(dist)
     if best is None or not grid:
         return None
-    m_b, others = _mfs(best), _others(best.params)
+    m_b = _mfs(best)
     assert m_b is not None
-    key = memory_key(flags_for(best.params))
-    above: list[tuple[float, bool]] = []  # (mfs, failed) of what ran or was judged above m_b
-    for t in trials:
-        m = _mfs(t)
-        if t.state != TrialState.COMPLETE or m is None or m <= m_b + 1e-9:
-            continue
-        if _others(t.params) == others:
-            above.append((m, not is_feasible(t.constraints)))
-        elif _fails_on_gpu(t) and memory_key(flags_for(t.params)) == key:
-            above.append((m, True))
-    hi, failed = min(above, default=(math.inf, True))
+    hi, failed = _above(best, trials, flags_for)
     if not failed:
         return None  # a feasible server above measured less: the pool does not bind up there
-    inside = [m for m in grid if m_b + 1e-9 < m < hi - 1e-9]
-    if not inside:
-        return None
-    # none failed above: the range's top counts as failed one step past it, so it is reachable
-    ceiling = hi if hi < math.inf else grid[-1] + (grid[-1] - grid[0]) / max(1, len(grid) - 1)
-    mid = (m_b + ceiling) / 2
-    pick = min(inside, key=lambda m: (abs(m - mid), m))
-    return {**best.params, MFS: pick}
+    pick = _bisect(m_b, hi, grid)
+    if pick is not None:
+        return Probe({**best.params, MFS: pick}, best.number)
+    return _lift(best, hi, trials, grid, flags_for)
 
 
 class ProbeEdge:
@@ -151,11 +219,11 @@ class ProbeEdge:
             return
         if any(t.state == TrialState.WAITING for t in trials):
             return
-        params = edge_probe(done, self.dist, self.flags_for)
-        if params is None:
+        live = [t for t in trials if t.state != TrialState.FAIL]
+        probe = edge_probe(live, self.dist, self.flags_for)
+        if probe is None:
             return
-        key = canonical(params)
-        if any(canonical(t.params) == key for t in trials if t.state != TrialState.FAIL):
+        key = canonical(probe.params)
+        if any(canonical(t.params) == key for t in live):
             return
-        best = _best(done)
-        study.enqueue_trial(params, user_attrs={Attr.EDGE_OF: best.number if best else None})
+        study.enqueue_trial(probe.params, user_attrs={Attr.EDGE_OF: probe.of})

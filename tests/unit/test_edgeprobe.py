@@ -16,7 +16,7 @@ from tuner.api import tune
 from tuner.edgeprobe import MFS, ProbeEdge, edge_probe, ladder
 from tuner.sim.virtual_study import virtual_seams
 from tuner.studyfile import parse_study
-from tuner.trial import Attr, Status
+from tuner.trial import POOL_ATTR, Attr, Status
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = FloatDistribution(0.80, 0.95, step=0.01)
@@ -27,21 +27,24 @@ def flags_for(params: dict[str, Any]) -> dict[str, Any]:
     return {**FIXED, **params}
 
 
-def trial(mfs: float, status: Status, value: float = 0.0, **params: Any) -> FrozenTrial:
-    """A completed trial as the loop stores it (feasible iff measured and OK)."""
+def trial(
+    mfs: float, status: Status, value: float = 0.0, pool: int | None = None, **params: Any
+) -> FrozenTrial:
+    """A completed trial as the loop stores it (feasible iff measured and OK; `pool`: the KV
+    pool its server reported)."""
     ok = status == Status.OK
     return create_trial(
         params={MFS: mfs, **params},
         distributions={MFS: DIST, **{k: CategoricalDistribution([v]) for k, v in params.items()}},
         values=[value if ok else 0.0],
-        user_attrs={Attr.STATUS: status},
+        user_attrs={Attr.STATUS: status, **({POOL_ATTR: pool} if pool else {})},
         system_attrs={"constraints": [-1.0 if ok else 1.0]},
     )
 
 
 def probe(*trials: FrozenTrial, dist: Any = DIST) -> float | None:
-    params = edge_probe(list(trials), dist, flags_for)
-    return None if params is None else params[MFS]
+    found = edge_probe(list(trials), dist, flags_for)
+    return None if found is None else found.params[MFS]
 
 
 def test_with_no_failure_above_the_probe_climbs_halfway_past_the_top() -> None:
@@ -83,6 +86,27 @@ def test_a_gpu_failure_with_the_same_memory_flags_is_a_ceiling_whatever_hicache(
     other = trial(0.88, Status.DIED, **{"hicache-size": 30, "chunked-prefill-size": 2048})
     best2 = trial(0.86, Status.OK, 700, **{"hicache-size": 30, "chunked-prefill-size": 8192})
     assert probe(best2, other) == pytest.approx(0.91)
+
+
+def test_at_the_cliff_a_server_that_served_more_per_pool_token_is_lifted_to_it() -> None:
+    """The best (hicache off) sits at the cliff: 0.91 lives, 0.92 died. A hicache server measured
+    at 0.88 served more per token of its pool: it runs at 0.91 next, and only once."""
+    h = "hicache-size"
+    edge = [trial(0.91, Status.OK, 940, pool=140_000, **{h: 0}), trial(0.92, Status.DIED, **{h: 0})]
+    lean = trial(0.88, Status.OK, 860, pool=110_000, **{h: 30})  # 7.8 per 1k tokens > 6.7
+    found = edge_probe([*edge, lean], DIST, flags_for)
+    assert found is not None and found.params == {MFS: 0.91, h: 30} and found.of == lean.number
+    lifted = trial(0.91, Status.OK, 990, pool=140_000, **{h: 30})
+    assert probe(*edge, lean, lifted) is None  # the new best's edge is known: nothing left
+    # less per pool token than the best: raising its pool would not reach the best
+    assert probe(*edge, trial(0.88, Status.OK, 700, pool=110_000, **{h: 30})) is None
+    # the cliff is not known yet (nothing failed right above the best): bisect, no lift
+    assert probe(edge[0], trial(0.94, Status.DIED, **{h: 0}), lean) == pytest.approx(0.92)
+    # another memory budget (chunked-prefill-size) has its own cliff: no lift across
+    other = trial(0.88, Status.OK, 860, pool=110_000, **{h: 30, "chunked-prefill-size": 2048})
+    best = trial(0.91, Status.OK, 940, pool=140_000, **{h: 0, "chunked-prefill-size": 8192})
+    died = trial(0.92, Status.DIED, **{h: 0, "chunked-prefill-size": 8192})
+    assert probe(best, died, other) is None
 
 
 def test_ladders_choices_and_ranges_without_a_step() -> None:
