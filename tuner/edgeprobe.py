@@ -15,6 +15,12 @@ SGLang's memory flags are the same (`precheck.memory_key`: a death or a graph fa
 GPU memory, which hicache-size does not change); the pre-check rejects a probe it knows will
 fail, which costs no restart and narrows the gap the same way.
 
+No probe runs once a server with the best's flags but mfs found a latency limit (a point above
+the concurrency its search chose missed an SLO or held it with no margin) at a concurrency its
+pool and the best's hold at full length: there nothing waited for KV memory, so a larger pool
+cannot move the limit (Llama-70B TP4 chat: the limit at ~60 requests, a pool for ~250; each
+climb there was a restart lost, and the higher mfs only nearer its prefill OOM band).
+
 Once the best sits at its cliff (the next grid point up failed on the GPU), the cliff is known
 for every server with the same memory flags: one that differs in other flags (a hicache-size, a
 scheduler knob) and served more per token of its KV pool than the best did is run at the best's
@@ -35,7 +41,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import StudyConfig
-from tuner.innertrial import sampled_space
+from tuner.innertrial import NAME, InnerSearch, sampled_space
 from tuner.precheck import memory_key
 from tuner.sglang.failures import FailureClass
 from tuner.space import canonical, distributions
@@ -49,6 +55,8 @@ DEFAULT_STEP = 0.01
 GPU_FAILURES = (FailureClass.OOM_CUDA_GRAPH,)
 
 Flags = Mapping[str, Any]
+#: a pool's size in tokens -> how many requests it holds at their full length
+Holds = Callable[[int | None], float]
 
 
 def ladder(dist: BaseDistribution) -> list[float]:
@@ -137,6 +145,35 @@ def _pool(t: FrozenTrial) -> float | None:
     return float(v) if isinstance(v, int | float) and v > 0 else None
 
 
+def _chosen(t: FrozenTrial) -> int | None:
+    c = (t.user_attrs.get(Attr.CLIENT) or {}).get(NAME)
+    return int(c) if isinstance(c, int | float) else None
+
+
+def _pool_idle(best: FrozenTrial, trials: Sequence[FrozenTrial], holds: Holds | None) -> bool:
+    """A server with the best's flags but mfs met a latency limit (a measured point above the
+    concurrency its search chose, not clear of the SLOs) at a concurrency that its pool and the
+    best's both hold at full length: the limit is not the pool's, the best runs below it, and
+    more pool buys nothing there."""
+    pool_b, chosen_b = _pool(best), _chosen(best)
+    if holds is None or pool_b is None or chosen_b is None:
+        return False
+    measured, others = (Status.OK, Status.SLO_MISSED), _others(best.params)
+    for t in _measured(trials):
+        pool, chosen = _pool(t), _chosen(t)
+        if pool is None or chosen is None or _others(t.params) != others:
+            continue
+        held = min(holds(int(pool)), holds(int(pool_b)))
+        limits = [
+            int(p[NAME])
+            for p in t.user_attrs.get(Attr.LOAD_POINTS) or []
+            if p.get("status") in measured and not p.get("clear")
+        ]
+        if any(max(chosen, chosen_b) < c <= held for c in limits):
+            return True
+    return False
+
+
 def _lift(
     best: FrozenTrial,
     hi: float,
@@ -168,15 +205,19 @@ def _lift(
 
 
 def edge_probe(
-    trials: Sequence[FrozenTrial], dist: BaseDistribution, flags_for: Callable[[Flags], Flags]
+    trials: Sequence[FrozenTrial],
+    dist: BaseDistribution,
+    flags_for: Callable[[Flags], Flags],
+    holds: Holds | None = None,
 ) -> Probe | None:
     """The next probe toward mfs's cliff, or None (nothing left to probe).
 
     `trials`: the study's (those queued or running count as tried); `dist`: mfs's
-    distribution; `flags_for`: params -> server flags."""
+    distribution; `flags_for`: params -> server flags; `holds`: pool -> requests it holds at
+    full length (the inner search's; None: the pool is taken to bind)."""
     best = _best(trials)
     grid = ladder(dist)
-    if best is None or not grid:
+    if best is None or not grid or _pool_idle(best, trials, holds):
         return None
     m_b = _mfs(best)
     assert m_b is not None
@@ -198,17 +239,23 @@ class ProbeEdge:
         dist: BaseDistribution | None,
         flags_for: Callable[[Flags], Flags],
         n_trials: int | None = None,
+        holds: Holds | None = None,
     ):
         self.dist, self.flags_for, self.n_trials = dist, flags_for, n_trials
+        self.holds = holds
 
     @classmethod
     def of(
-        cls, cfg: StudyConfig, flags_for: Callable[[Flags], Flags], n_trials: int | None = None
+        cls,
+        cfg: StudyConfig,
+        flags_for: Callable[[Flags], Flags],
+        n_trials: int | None = None,
+        inner: InnerSearch | None = None,
     ) -> ProbeEdge:
         """The study's probe: on mfs as the sampler proposes it; none when mfs is not searched
-        or `sampler.mfs_edge` is off."""
+        or `sampler.mfs_edge` is off; `inner`: the study's inner search (what a pool holds)."""
         dist = distributions(sampled_space(cfg)).get(MFS) if cfg.sampler.mfs_edge else None
-        return cls(dist, flags_for, n_trials)
+        return cls(dist, flags_for, n_trials, None if inner is None else inner.holds)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self.dist is None or trial.state != TrialState.COMPLETE:
@@ -220,7 +267,7 @@ class ProbeEdge:
         if any(t.state == TrialState.WAITING for t in trials):
             return
         live = [t for t in trials if t.state != TrialState.FAIL]
-        probe = edge_probe(live, self.dist, self.flags_for)
+        probe = edge_probe(live, self.dist, self.flags_for, self.holds)
         if probe is None:
             return
         key = canonical(probe.params)

@@ -335,12 +335,18 @@ class InnerSearch:
         never binds: the 32 GB case's best sits where it starts to; Kimi's 32 prefixes of 2,000
         tokens alone fill half its pool), or is not known; else one of this server's own
         (there the pool's size shapes the curve)."""
-        admits = math.inf
-        if pool:
-            full, _ = request_tokens(self.cfg.workload, self._dataset(), answer=1.0)
-            admits = pool / max(full, 1.0)
+        admits = self.holds(pool)
         index = len(self.table)
         return lambda c: (group, c) if c <= admits else (group, c, index)
+
+    def holds(self, pool: int | None) -> float:
+        """How many of the workload's requests a pool of `pool` tokens holds at their full
+        length, shared prefixes counted in each (inf when the pool is not known): up to that
+        concurrency no request waits for KV memory or is retracted, so the pool binds nothing."""
+        if not pool:
+            return math.inf
+        full, _ = request_tokens(self.cfg.workload, self._dataset(), answer=1.0)
+        return pool / max(full, 1.0)
 
     def _dataset(self) -> list[Request] | None:
         """A dataset workload's request list (its lengths are the file's), read once."""

@@ -226,7 +226,7 @@ class Tuning:
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
             RetryInfraFailures(b.infra_retries),
             ProbeConcurrency(self.cfg.space.get("concurrency"), b, n_trials),
-            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials),
+            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials, self.runner.inner),
         ]
         if self.on_trial:
             callbacks.append(Progress(self.on_trial))

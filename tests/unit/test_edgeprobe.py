@@ -109,6 +109,58 @@ def test_at_the_cliff_a_server_that_served_more_per_pool_token_is_lifted_to_it()
     assert probe(best, died, other) is None
 
 
+def served(
+    mfs: float, value: float, pool: int, chosen: int, *points: tuple[int, str, bool], **params: Any
+) -> FrozenTrial:
+    """A feasible trial whose inner search chose `chosen`; points: (concurrency, status, clear)."""
+    t = trial(mfs, Status.OK, value, pool=pool, **params)
+    t.user_attrs[Attr.CLIENT] = {"concurrency": chosen}
+    t.user_attrs[Attr.LOAD_POINTS] = [
+        {"concurrency": c, "status": st, "clear": clear} for c, st, clear in points
+    ]
+    return t
+
+
+def per_1000(pool: int | None) -> float:
+    """The pool holds a request per 1,000 tokens."""
+    return pool / 1000 if pool else float("inf")
+
+
+def climbs(*trials: FrozenTrial) -> bool:
+    return edge_probe(list(trials), DIST, flags_for, per_1000) is not None
+
+
+def test_no_climb_past_a_latency_limit_the_pool_holds() -> None:
+    limit = (64, "slo_missed", False)
+    # the limit at 64 requests, the pool holds 400: more pool cannot move it
+    assert not climbs(served(0.85, 900, 400_000, 48, (48, "ok", True), limit))
+    # held with no margin counts as a limit too; a death or a point below the best does not
+    assert not climbs(served(0.85, 900, 400_000, 48, (64, "ok", False)))
+    assert climbs(served(0.85, 900, 400_000, 48, (64, "died", False)))
+    assert climbs(served(0.85, 900, 400_000, 48, (32, "slo_missed", False)))
+    # the pool holds 50: the limit at 64 may be the pool's (requests waited for KV memory)
+    assert climbs(served(0.85, 900, 50_000, 48, limit))
+    # no limit found (throughput flattened), or the pool not reported: climb
+    assert climbs(served(0.85, 900, 400_000, 48, (48, "ok", True), (64, "ok", True)))
+    assert climbs(served(0.85, 900, 0, 48, limit))
+    # without the inner search's count of what a pool holds, the pool is taken to bind
+    best = served(0.85, 900, 400_000, 48, limit)
+    assert edge_probe([best], DIST, flags_for) is not None
+
+
+def test_a_limit_found_on_another_mfs_of_the_same_flags_stops_the_climb() -> None:
+    best = served(0.88, 950, 450_000, 90, (90, "ok", True))
+    lower = served(0.82, 900, 400_000, 64, (256, "slo_missed", False))  # 256 < 400 held
+    assert not climbs(best, lower)
+    # another chunk size's limit is its own; one beyond what the other's pool held may be the pool's
+    other = served(
+        0.82, 900, 400_000, 64, (256, "slo_missed", False), **{"chunked-prefill-size": 2048}
+    )
+    assert climbs(best, other)
+    small = served(0.80, 900, 200_000, 150, (256, "slo_missed", False))  # held only 200
+    assert climbs(best, small)
+
+
 def test_ladders_choices_and_ranges_without_a_step() -> None:
     assert ladder(CategoricalDistribution([0.9, 0.8, 0.85])) == [0.8, 0.85, 0.9]
     assert ladder(FloatDistribution(0.8, 0.83)) == pytest.approx([0.8, 0.81, 0.82, 0.83])
@@ -118,27 +170,45 @@ def test_ladders_choices_and_ranges_without_a_step() -> None:
     assert probe(trial(0.80, Status.SLO_MISSED)) is None  # nothing feasible: nothing to climb
 
 
-def _study_file() -> dict[str, Any]:
-    """The demo's H100 up to mfs 0.98, where a large prefill runs out of memory under load."""
+def _kimi_file() -> dict[str, Any]:
+    """search_spaces/kimi-k2.5-tp8.yaml on the simulator (mfs x hicache-size x concurrency):
+    its pool binds, and from mfs 0.92 a prefill runs out of memory under load."""
+    d = yaml.safe_load((REPO / "search_spaces" / "kimi-k2.5-tp8.yaml").read_text())
+    sim = ["{python}", "-m", "tuner.sim", "--sim-startup-seconds", "1"]
+    d["target"] = {"host": "local", "launch": [*sim, "--sim-profile", "kimi-k2.5-tp8"]}
+    d["space"] = {k: d["space"][k] for k in (MFS, "hicache-size", "concurrency")}
+    d["baseline"] = {k: v for k, v in d["baseline"].items() if k in d["space"]}
+    d["workload"]["duration_s"] = 60
+    d["budget"].update(confirm_top=0, inner_runs=3)
+    return d
+
+
+def _demo_file() -> dict[str, Any]:
+    """The demo's H100 with 1,024-token prompts: a pool for ~450 of them, the TTFT limit ~200."""
     d = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())
     d["space"] = {
-        "mem-fraction-static": {"low": 0.80, "high": 0.98, "step": 0.01},
+        MFS: {"low": 0.80, "high": 0.98, "step": 0.01},
         "concurrency": {"low": 8, "high": 256, "log": True},
     }
-    d["baseline"] = {"mem-fraction-static": 0.82}
+    d["baseline"] = {MFS: 0.82}
     d["workload"].update(input_len=1024, output_len=128, range_ratio=0.5, duration_s=3)
     d["objective"]["slo"] = {"p99_ttft_ms": 2900}
     d["budget"].update(confirm_top=0, inner_runs=3)
     return d
 
 
+def _virtual(data: dict[str, Any], tmp_path: Path, n_trials: int) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    cfg = parse_study(data, "s.yaml")
+    return tune(
+        cfg, runs_dir=tmp_path, seed=3, n_trials=n_trials, make_seams=virtual_seams(3)
+    ).study
+
+
 def test_a_virtual_study_climbs_from_the_baseline_to_the_cliff_one_restart_at_a_time(
     tmp_path: Path,
 ) -> None:
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    cfg = parse_study(_study_file(), "d.yaml")
-    study = tune(cfg, runs_dir=tmp_path, seed=3, n_trials=5, make_seams=virtual_seams(3)).study
-    trials = study.trials
+    trials = _virtual(_kimi_file(), tmp_path, 5).trials
     probes = [t for t in trials if Attr.EDGE_OF in t.user_attrs]
     assert [t.number for t in probes] == [1, 2, 3, 4]  # the baseline, then each probe's next
     for t in probes:
@@ -149,6 +219,16 @@ def test_a_virtual_study_climbs_from_the_baseline_to_the_cliff_one_restart_at_a_
     deaths = [t.params[MFS] for t in trials if t.user_attrs[Attr.STATUS] != Status.OK]
     oks = [t.params[MFS] for t in trials if t.user_attrs[Attr.STATUS] == Status.OK]
     assert deaths and max(oks) < min(deaths), (oks, deaths)
+
+
+def test_no_climb_where_the_latency_limit_is_below_what_the_pool_holds(tmp_path: Path) -> None:
+    trials = _virtual(_demo_file(), tmp_path, 4).trials
+    base = trials[0].user_attrs
+    chosen, pool = base[Attr.CLIENT]["concurrency"], base[POOL_ATTR]
+    missed = [p["concurrency"] for p in base[Attr.LOAD_POINTS] if p["status"] == "slo_missed"]
+    # the premise: an SLO broke above the baseline's best, where its pool held every request
+    assert missed and chosen < min(missed) < pool / (1024 + 128)
+    assert not any(Attr.EDGE_OF in t.user_attrs for t in trials)
 
 
 def test_the_callback_queues_one_probe_and_never_twice(tmp_path: Path) -> None:
@@ -167,9 +247,7 @@ def test_the_callback_queues_one_probe_and_never_twice(tmp_path: Path) -> None:
 
 
 def test_mfs_edge_off_leaves_every_server_to_the_sampler(tmp_path: Path) -> None:
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    data = _study_file()
+    data = _kimi_file()
     data.setdefault("sampler", {})["mfs_edge"] = False
-    cfg = parse_study(data, "d.yaml")
-    study = tune(cfg, runs_dir=tmp_path, seed=3, n_trials=3, make_seams=virtual_seams(3)).study
+    study = _virtual(data, tmp_path, 3)
     assert len(study.trials) == 3 and not any(Attr.EDGE_OF in t.user_attrs for t in study.trials)
