@@ -104,6 +104,7 @@ class Attr(StrEnum):
     PROBE_OF = "probe_of"  # a neighbouring concurrency on the server this trial started
     PROBES_LEFT = "probes_left"
     EDGE_OF = "edge_of"  # mfs raised toward its cliff from this best trial's (edgeprobe.py)
+    EDGE_PIN = "edge_pin"  # mfs pinned at this best trial's cliff, the other flags sampled
     BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
     #: a world failure that came back the same way on every retry, counted as the config's
     REPRODUCED = "reproduced"

@@ -161,6 +161,23 @@ def test_a_limit_found_on_another_mfs_of_the_same_flags_stops_the_climb() -> Non
     assert climbs(best, small)
 
 
+def test_at_the_cliff_with_nothing_to_lift_the_other_flags_are_drawn_there_once() -> None:
+    h = "hicache-size"
+    best = trial(0.91, Status.OK, 940, pool=140_000, **{h: 0, "chunked-prefill-size": 8192})
+    died = trial(0.92, Status.DIED, **{h: 0, "chunked-prefill-size": 8192})
+    sampled = (MFS, h, "chunked-prefill-size")
+    found = edge_probe([best, died], DIST, flags_for, sampled=sampled)
+    # mfs and the memory flags fixed (the cliff is theirs); hicache left to the sampler
+    assert found is not None and found.pin
+    assert found.params == {MFS: 0.91, "chunked-prefill-size": 8192}
+    pinned = trial(0.91, Status.OK, 930, pool=140_000, **{h: 36, "chunked-prefill-size": 8192})
+    pinned.user_attrs[Attr.EDGE_PIN] = best.number
+    assert edge_probe([best, died, pinned], DIST, flags_for, sampled=sampled) is None
+    # nothing but memory flags sampled, or below the cliff: no pin
+    assert edge_probe([best, died], DIST, flags_for, sampled=(MFS,)) is None
+    assert edge_probe([best], DIST, flags_for, sampled=sampled).params[MFS] > 0.91
+
+
 def test_ladders_choices_and_ranges_without_a_step() -> None:
     assert ladder(CategoricalDistribution([0.9, 0.8, 0.85])) == [0.8, 0.85, 0.9]
     assert ladder(FloatDistribution(0.8, 0.83)) == pytest.approx([0.8, 0.81, 0.82, 0.83])
@@ -251,3 +268,22 @@ def test_mfs_edge_off_leaves_every_server_to_the_sampler(tmp_path: Path) -> None
     data.setdefault("sampler", {})["mfs_edge"] = False
     study = _virtual(data, tmp_path, 3)
     assert len(study.trials) == 3 and not any(Attr.EDGE_OF in t.user_attrs for t in study.trials)
+
+
+def test_the_callback_enqueues_a_pin_with_only_the_fixed_flags(tmp_path: Path) -> None:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
+    h = "hicache-size"
+    study.add_trial(trial(0.91, Status.OK, 940, pool=140_000, **{h: 0}))
+    study.add_trial(trial(0.92, Status.DIED, **{h: 0}))
+    ProbeEdge(DIST, flags_for, sampled=(MFS, h))(study, study.trials[-1])
+    (waiting,) = study.get_trials(states=(TrialState.WAITING,))
+    assert waiting.system_attrs["fixed_params"] == {MFS: 0.91}
+    assert waiting.user_attrs == {Attr.EDGE_PIN: 0}
+
+
+def test_a_virtual_study_draws_hicache_at_the_cliff_it_found(tmp_path: Path) -> None:
+    trials = _virtual(_kimi_file(), tmp_path, 6).trials
+    cliff = trials[5]
+    best = trials[cliff.user_attrs[Attr.EDGE_PIN]]
+    assert cliff.params[MFS] == best.params[MFS]  # pinned at the best's mfs, the cliff
+    assert cliff.params["hicache-size"] != best.params["hicache-size"]  # drawn by the sampler
