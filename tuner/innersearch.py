@@ -23,7 +23,7 @@ a virtual one, or a test's function); a point that ended the server (`stop`) end
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 
@@ -38,6 +38,9 @@ class Point:
     status: str = ""
     reason: str = ""
     failure: str | None = None  # the server's failure class, when the run ended it
+    #: the least share of a latency limit left unused (1 - p99 / limit over the limited
+    #: latencies; 1.0 with none limited): how far the point sits from its SLO edge
+    headroom: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,35 @@ class InnerResult:
     @property
     def stopped(self) -> bool:
         return any(p.stop for p in self.points)
+
+
+#: a point this near a latency limit (headroom under it) is an SLO edge (`knee`)
+NEAR_EDGE = 0.10
+#: ... and gains less than this share over a point below it that is not: the last 1% of
+#: throughput is within what two load runs on one server differ by
+KNEE_GAIN = 0.01
+
+
+def knee(best: Point | None, points: Sequence[Point]) -> Point | None:
+    """`best`, unless it sits near a latency limit and a clear point below it with more than
+    NEAR_EDGE headroom scores within KNEE_GAIN of it: then the best of those.
+
+    Past the concurrency the pool admits, throughput flattens while the queue's waits climb to
+    the limit: Kimi TP8 with HiCache gained 0.5% from concurrency 81 to 85 and its p99 TTFT
+    went from 0.58 to 0.94 of the limit, which a fresh start's luck crosses (confirmation read
+    odds 0.93 of holding and kept HiCache off, 2% slower). A user gives up the last 1% of
+    throughput for a third of the latency limit back, and so does the search."""
+    if best is None or best.headroom >= NEAR_EDGE:
+        return best
+    calm = [
+        p
+        for p in points
+        if p.feasible
+        and p.concurrency < best.concurrency
+        and p.headroom >= NEAR_EDGE
+        and p.value >= best.value * (1 - KNEE_GAIN)
+    ]
+    return max(calm, key=lambda p: p.value) if calm else best
 
 
 def start_at(

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
 from tuner.holdodds import exceed_odds
-from tuner.innersearch import Bounds, Point, search, start_at
+from tuner.innersearch import Bounds, Point, knee, search, start_at
 from tuner.pooled import SLO_MARGIN
 from tuner.pooledcurve import fit, narrowed
 from tuner.sglang.failures import FailureClass
@@ -387,11 +387,12 @@ def run_inner(
         raw = objective_values(cfg.objective, out.metrics)[0] if out.metrics else 0.0
         stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
         safe = out.feasible and _clear_of_limits(out.constraints) and _few_beyond(out.tails)
-        return Point(c, raw, safe, stop, str(out.status), out.reason, out.failure)
+        room = _headroom(out.constraints)
+        return Point(c, raw, safe, stop, str(out.status), out.reason, out.failure, room)
 
     result = search(point, b)
     records = tuple(_record(p, outcomes[p.concurrency]) for p in result.points)
-    best = result.best if choose is None else choose(result.points)
+    best = knee(result.best if choose is None else choose(result.points), result.points)
     if best is None:  # none clear of the limits: the best that held them, if any did
         held = [p for p in result.points if outcomes[p.concurrency].feasible]
         best = max(held, key=lambda p: p.value) if held else None
@@ -407,6 +408,11 @@ def run_inner(
 def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
     """Every latency at least SLO_MARGIN below its limit (constraint = observed / limit - 1)."""
     return all(constraints.get(k, -1.0) <= -SLO_MARGIN for k in LATENCY_CONSTRAINTS)
+
+
+def _headroom(constraints: Mapping[str, float]) -> float:
+    """The least share of a latency limit left unused (innersearch.Point.headroom)."""
+    return min(-constraints.get(k, -1.0) for k in LATENCY_CONSTRAINTS)
 
 
 def _few_beyond(tails: Mapping[str, Any] | None) -> bool:

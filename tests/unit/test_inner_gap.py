@@ -59,3 +59,34 @@ def test_a_point_whose_p99_hides_a_gap_is_not_taken(tmp_path: Path) -> None:
     # ... but the search took a point with at most 2 beyond (0.67%, more likely under 1%)
     assert out.client[NAME] <= ADMITS + 2 and out.status == Status.OK
     assert all(c <= 62 or not points[c]["clear"] for c in points)
+
+
+def _edge_measure(cfg: Any, seen: list[int]):
+    """Throughput flat past 80 (+0.1% per request), p99 TTFT at 0.58 of the limit up to 80, at
+    0.94 from 81 to 90 (the queue's wait), beyond the limit above."""
+
+    def measure(params: Mapping[str, Any], _dir: Path) -> TrialOutcome:
+        c = int(params[NAME])
+        seen.append(c)
+        value = 10.0 * min(c, 80) * (1 + 0.001 * max(0, c - 80))
+        ttft = 17_400.0 if c <= 80 else 28_200.0 if c <= 90 else 80_000.0
+        metrics = {"output_throughput": value, "p99_ttft_ms": ttft}
+        constraints = slo_constraints(cfg.objective, metrics)
+        ok = all(v <= 0 for v in constraints.values())
+        status = Status.OK if ok else Status.SLO_MISSED
+        return TrialOutcome(status, (value,), constraints, metrics=metrics)
+
+    return measure
+
+
+def test_the_search_gives_up_a_sliver_of_throughput_at_an_slo_edge(tmp_path: Path) -> None:
+    cfg, seen = _cfg(), []
+    # it starts where the pool admits (start_at), as Kimi's searches did
+    b = Bounds(low=8, high=128, start=80, max_runs=6)
+    out = run_inner(cfg, {}, tmp_path, _edge_measure(cfg, seen), b, lambda: None, lambda: 0.0)
+    points = {int(p[NAME]): p for p in out.points}
+    edge = [c for c in points if 80 < c <= 90 and points[c]["clear"]]
+    # the search measured a clear point on the edge, worth more by a sliver ...
+    assert edge and points[edge[0]]["value"] > points[out.client[NAME]]["value"]
+    # ... and took the calm one below it
+    assert out.client[NAME] <= 80 and out.status == Status.OK

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tuner.api import study_requests
-from tuner.innersearch import Bounds, Point, search, start_at
+from tuner.innersearch import KNEE_GAIN, NEAR_EDGE, Bounds, Point, knee, search, start_at
 from tuner.innertrial import bounds, widest_gap
 from tuner.launch import build_launch
 from tuner.runner import score_load
@@ -123,6 +123,36 @@ def test_an_explore_point_finds_a_bump_a_hinted_search_steps_over() -> None:
     assert [p.concurrency for p in explored.points][:2] == [160, 113]  # the explore run second
     assert explored.best is not None and explored.best.value == 1200.0
     assert len(explored.points) <= 5  # within the same budget
+
+
+def _pt(c: int, value: float, headroom: float, feasible: bool = True) -> Point:
+    return Point(c, value, feasible, headroom=headroom)
+
+
+def test_knee_gives_up_the_last_percent_at_an_slo_edge() -> None:
+    # Kimi TP8 with HiCache, as measured on one server: 85 gains 0.5% over 81 at 0.94 of
+    # its TTFT limit, 81 sits at 0.58
+    edge, calm = _pt(85, 998.5, 0.063), _pt(81, 993.7, 0.42)
+    pts = [calm, _pt(89, 998.4, -0.3, False), edge, _pt(74, 961.0, 0.5)]
+    assert knee(edge, pts) == calm
+
+
+def test_knee_keeps_a_best_clear_of_the_edge_or_worth_more() -> None:
+    far = _pt(85, 998.5, NEAR_EDGE)  # not near: kept, whatever lies below
+    assert knee(far, [_pt(81, 998.0, 0.5), far]) == far
+    edge = _pt(85, 1000.0, 0.06)
+    worth_more = _pt(81, 1000.0 * (1 - 2 * KNEE_GAIN), 0.5)  # 2% slower: the gain pays
+    assert knee(edge, [worth_more, edge]) == edge
+    # below it but as near the edge, or not clear, or above it: no way off the edge
+    others = [_pt(81, 999.0, 0.07), _pt(78, 999.0, 0.5, False), _pt(90, 999.0, 0.5)]
+    assert knee(edge, [*others, edge]) == edge
+    assert knee(None, others) is None
+
+
+def test_knee_takes_the_best_of_the_calm_points() -> None:
+    edge = _pt(100, 1000.0, 0.02)
+    pts = [_pt(80, 992.0, 0.4), _pt(90, 995.0, 0.2), edge]
+    assert knee(edge, pts).concurrency == 90
 
 
 def test_start_at_follows_the_pool_and_clamps() -> None:
