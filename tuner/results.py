@@ -250,14 +250,15 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
     return {**out, "noise_pct": 100 * cv, "two_sigma_pct": two_sigma, "separated": gap > two_sigma}
 
 
-def unsettled(study: optuna.Study) -> tuple[int, ...]:
+def unsettled(study: optuna.Study, rounds_left: int | None = None) -> tuple[int, ...]:
     """The trials confirmation runs once more, () when settled: while a run of the winner missed
     an SLO on its own, or its odds of holding them are below ODDS_STEADY, the winner and the
     best configuration not yet confirmed (every candidate confirmed may be as shaky: the next
     one may be the steady one); else the winner alone while
     its pooled p99 holds a limit by less than SLO_MARGIN; else the runner-up alone while its mean
     beats the winner but its odds are below ODDS_STEADY; else winner and runner-up while the gap
-    between them is inside the noise."""
+    between them is inside the noise, unless `rounds_left` more runs of each could not separate
+    that gap at the noise measured (`_futile`): then they are as good as each other."""
     ranked = _ranked(study)
     # a winner that misses pooled means every candidate did: no lead to settle
     if not ranked or ranked[0].missed:
@@ -275,7 +276,21 @@ def unsettled(study: optuna.Study) -> tuple[int, ...]:
     # tied with no noise (a plateau measured exactly) is as settled as separated
     if versus is None or versus["separated"] is not False or not versus["noise_pct"]:
         return ()
+    if rounds_left is not None and _futile(versus, ranked, rounds_left):
+        return ()
     return (best.trial.number, versus["runner_up"])
+
+
+def _futile(versus: Mapping[str, Any], ranked: Sequence[Candidate], rounds: int) -> bool:
+    """The gap would still be inside the noise after `rounds` more runs of winner and runner-up:
+    twice the standard error of the two means, at the noise measured, with that many more runs
+    each. Kimi TP8: HiCache on and off 2% apart with ~2% noise a start need ~8 runs each to
+    part; two more rounds after three runs cost 4 restarts and part nothing."""
+    winner = ranked[0]
+    second = next(c for c in ranked if c.trial.number == versus["runner_up"])
+    n, m = len(winner.runs), len(second.runs)
+    now, then = 1 / n + 1 / m, 1 / (n + rounds) + 1 / (m + rounds)
+    return versus["gap_pct"] <= versus["two_sigma_pct"] * (then / now) ** 0.5
 
 
 def _shaky(c: Candidate) -> bool:

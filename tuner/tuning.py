@@ -420,8 +420,9 @@ class Tuning:
         try:
             for t in top_trials(self.study, top):
                 self._confirm_runs(t, record, repeats)
-            for _ in range(self.cfg.budget.confirm_extra - record.rounds if top else 0):
-                numbers = unsettled(self.study)
+            extra = self.cfg.budget.confirm_extra - record.rounds if top else 0
+            for done in range(extra):
+                numbers = unsettled(self.study, rounds_left=extra - done)
                 if not numbers:
                     break
                 for number in numbers:

@@ -64,6 +64,19 @@ def test_a_gap_inside_the_noise_is_not() -> None:
     assert "within the noise" in _versus(v)
 
 
+def test_a_tie_no_remaining_round_can_part_is_settled() -> None:
+    # 1.9% apart, ~2% noise a run, three runs each: two sigma of the gap is 3.2% now
+    study = _study({0.9: 1050, 0.85: 1030}, {"0": [1030, 1070], "1": [1010, 1050]})
+    v = versus_runner_up(study)
+    assert v is not None and v["separated"] is False and v["gap_pct"] == pytest.approx(1.905, 0.01)
+    # without a count of rounds left, a tie runs both again, as before
+    assert unsettled(study) == (0, 1)
+    # two more runs each would leave two sigma at 2.5%: the rounds would part nothing
+    assert unsettled(study, rounds_left=2) == ()
+    # ten more could (1.5%): run them
+    assert unsettled(study, rounds_left=10) == (0, 1)
+
+
 def test_one_run_each_says_the_noise_is_unknown() -> None:
     study = _study({0.9: 1000, 0.85: 900}, {"0": [], "1": []})
     v = versus_runner_up(study)
