@@ -29,6 +29,15 @@ def _cfg():
     return parse_study(data, "gap.yaml")
 
 
+def _outcome(cfg: Any, metrics: dict[str, float], tails: Any = None) -> TrialOutcome:
+    """A load run's outcome as the runner scores it: its SLO verdict from the metrics."""
+    constraints = slo_constraints(cfg.objective, metrics)
+    ok = all(v <= 0 for v in constraints.values())
+    status = Status.OK if ok else Status.SLO_MISSED
+    value = metrics["output_throughput"]
+    return TrialOutcome(status, (value,), constraints, metrics=metrics, tails=tails)
+
+
 def _measure(cfg: Any, seen: list[int]):
     """One load run at a concurrency: 297 requests, those of the opening burst beyond ADMITS at
     71 s TTFT, the rest spread up to 22 s; throughput rises with concurrency."""
@@ -41,10 +50,7 @@ def _measure(cfg: Any, seen: list[int]):
         records = [RequestRecord(i, True, 100, 101, t, t + 5.0, t) for i, t in enumerate(ttfts)]
         tails = tails_of(records, cfg.objective.slo)
         metrics = {"output_throughput": 10.0 * c, **pooled_metrics([tails])}
-        constraints = slo_constraints(cfg.objective, metrics)
-        ok = all(v <= 0 for v in constraints.values())
-        status = Status.OK if ok else Status.SLO_MISSED
-        return TrialOutcome(status, (10.0 * c,), constraints, metrics=metrics, tails=tails)
+        return _outcome(cfg, metrics, tails)
 
     return measure
 
@@ -70,11 +76,7 @@ def _edge_measure(cfg: Any, seen: list[int]):
         seen.append(c)
         value = 10.0 * min(c, 80) * (1 + 0.001 * max(0, c - 80))
         ttft = 17_400.0 if c <= 80 else 28_200.0 if c <= 90 else 80_000.0
-        metrics = {"output_throughput": value, "p99_ttft_ms": ttft}
-        constraints = slo_constraints(cfg.objective, metrics)
-        ok = all(v <= 0 for v in constraints.values())
-        status = Status.OK if ok else Status.SLO_MISSED
-        return TrialOutcome(status, (value,), constraints, metrics=metrics)
+        return _outcome(cfg, {"output_throughput": value, "p99_ttft_ms": ttft})
 
     return measure
 
