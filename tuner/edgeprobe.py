@@ -189,19 +189,14 @@ def _at_cliff(best: FrozenTrial, hi: float, grid: list[float]) -> bool:
 
 
 def _lift(
-    best: FrozenTrial,
-    hi: float,
-    trials: Sequence[FrozenTrial],
-    grid: list[float],
-    flags_for: Callable[[Flags], Flags],
+    best: FrozenTrial, trials: Sequence[FrozenTrial], flags_for: Callable[[Flags], Flags]
 ) -> Probe | None:
-    """The best sits at its memory flags' cliff (the next grid point up failed on the GPU, or
-    it is the range's top): another server with the same memory flags but other flags (a
+    """With the best at its memory flags' cliff (`_at_cliff`, checked by the caller): another server with the same memory flags but other flags (a
     hicache-size, a scheduler knob) that served more per token of its pool than the best did,
     at a lower mfs, is run at the best's mfs: the cliff is the GPU's, theirs too."""
     m_b, pool_b = _mfs(best), _pool(best)
     assert m_b is not None
-    if pool_b is None or not _at_cliff(best, hi, grid):
+    if pool_b is None:
         return None
     key, others = memory_key(flags_for(best.params)), _others(best.params)
     tried = {canonical(t.params) for t in trials}
@@ -260,10 +255,9 @@ def edge_probe(
     pick = _bisect(m_b, hi, grid)
     if pick is not None:
         return Probe({**best.params, MFS: pick}, best.number)
-    lift = _lift(best, hi, trials, grid, flags_for)
-    if lift is not None or not _at_cliff(best, hi, grid):
-        return lift
-    return _pin(best, trials, sampled)
+    if not _at_cliff(best, hi, grid):
+        return None
+    return _lift(best, trials, flags_for) or _pin(best, trials, sampled)
 
 
 class ProbeEdge:

@@ -407,7 +407,7 @@ def run_inner(
 
 def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
     """Every latency at least SLO_MARGIN below its limit (constraint = observed / limit - 1)."""
-    return all(constraints.get(k, -1.0) <= -SLO_MARGIN for k in LATENCY_CONSTRAINTS)
+    return _headroom(constraints) >= SLO_MARGIN
 
 
 def _headroom(constraints: Mapping[str, float]) -> float:

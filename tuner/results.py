@@ -276,19 +276,18 @@ def unsettled(study: optuna.Study, rounds_left: int | None = None) -> tuple[int,
     # tied with no noise (a plateau measured exactly) is as settled as separated
     if versus is None or versus["separated"] is not False or not versus["noise_pct"]:
         return ()
-    if rounds_left is not None and _futile(versus, ranked, rounds_left):
+    runs = len(best.runs), len(ranked[1].runs)  # versus_runner_up's runner-up is ranked[1]
+    if rounds_left is not None and _futile(versus, runs, rounds_left):
         return ()
     return (best.trial.number, versus["runner_up"])
 
 
-def _futile(versus: Mapping[str, Any], ranked: Sequence[Candidate], rounds: int) -> bool:
+def _futile(versus: Mapping[str, Any], runs: tuple[int, int], rounds: int) -> bool:
     """The gap would still be inside the noise after `rounds` more runs of winner and runner-up:
     twice the standard error of the two means, at the noise measured, with that many more runs
     each. Kimi TP8: HiCache on and off 2% apart with ~2% noise a start need ~8 runs each to
     part; two more rounds after three runs cost 4 restarts and part nothing."""
-    winner = ranked[0]
-    second = next(c for c in ranked if c.trial.number == versus["runner_up"])
-    n, m = len(winner.runs), len(second.runs)
+    n, m = runs
     now, then = 1 / n + 1 / m, 1 / (n + rounds) + 1 / (m + rounds)
     return versus["gap_pct"] <= versus["two_sigma_pct"] * (then / now) ** 0.5
 
