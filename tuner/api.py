@@ -17,26 +17,33 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.capacity import GB, kv_layout
+from tuner.capacity.calculus import GB, kv_layout
+from tuner.capacity.models import load_model_config
+from tuner.capacity.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
 from tuner.check import before_night
-from tuner.config import StudyConfig
-from tuner.container_runtime import ContainerRuntime
-from tuner.endpoint import Endpoint
+from tuner.config.schema import StudyConfig
+from tuner.config.validate import request_pool
 from tuner.errors import ConfigError, HostUnreachable, InfraError, ModelConfigError
-from tuner.export import write_best
-from tuner.innertrial import trial_time_problem
-from tuner.launch import server_log_path
-from tuner.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
 from tuner.loadgen import LoadProgress, LoadResult, run_load_sync
-from tuner.loadwindow import short_window
-from tuner.modelcfg import load_model_config
-from tuner.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
-from tuner.progress import ProgressEvent, RunStarted, TrialStarted
-from tuner.results import feasible_trials
-from tuner.runner import TrialRunner
+from tuner.loadgen.plan import (
+    refill_for,
+    short_list_problem,
+    study_load_options,
+    unset_concurrency,
+)
+from tuner.loadgen.window import short_window
+from tuner.loadgen.workload import Request, requests_for
+from tuner.outcome import Attr, full_params
+from tuner.report.export import write_best
+from tuner.server.endpoint import Endpoint
+from tuner.server.launch import server_log_path
+from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
+from tuner.server.runtime import ContainerRuntime
+from tuner.server.startlog import StartupLog
+from tuner.server.target import Launch, endpoint_for, env_secret, host_for
 from tuner.sglang.flags import normalize_flags
-from tuner.startlog import StartupLog
-from tuner.study import (
+from tuner.study.loop import TuneStats, Tuning, default_worker
+from tuner.study.storage import (
     DefaultURL,
     check_study_dir,
     make_sampler,
@@ -46,18 +53,11 @@ from tuner.study import (
     storage_url,
     study_dir,
 )
-from tuner.studycheck import request_pool
-from tuner.studyload import (
-    refill_for,
-    short_list_problem,
-    study_load_options,
-    unset_concurrency,
-)
-from tuner.target import Launch, endpoint_for, env_secret, host_for
-from tuner.trial import Attr, full_params
-from tuner.tuning import TuneStats, Tuning, default_worker
-from tuner.workload import Request, requests_for
-from tuner.worklock import WorkerLock, home_of, lock_path, marker_for, others_alive
+from tuner.study.worklock import WorkerLock, home_of, lock_path, marker_for, others_alive
+from tuner.trial.inner import trial_time_problem
+from tuner.trial.runner import TrialRunner
+from tuner.verdict.winner import feasible_trials
+from tuner.watch.events import ProgressEvent, RunStarted, TrialStarted
 
 #: a trial is discarded when the client lags; 50 ms p99 flags healthy runs on a shared 2-core
 #: machine, while a client that is really the bottleneck lags by far more
@@ -85,7 +85,7 @@ class Events:
 
     on_trial: Callable[[FrozenTrial], None] | None = None
     on_message: Callable[[str], None] | None = None
-    #: the live display's feed: tuner.progress events (run and trial starts, phases, the
+    #: the live display's feed: tuner.watch.events events (run and trial starts, phases, the
     #: server's start-up milestones, the load run's progress)
     on_progress: Callable[[ProgressEvent], None] | None = None
 
@@ -180,7 +180,7 @@ def tune(
     """Create or resume the study, run it to its budget, confirm the best, write best.yaml.
 
     `make_seams(cfg, api_key, marker)` replaces `build_seams` (and the host checks before it):
-    e.g. `tuner.sim.virtual_study.virtual_seams(seed)`, the study in virtual time.
+    e.g. `tuner.sim.virtual.study.virtual_seams(seed)`, the study in virtual time.
 
     Raises TunerError for the user's mistakes (before anything is written), StudyBusyError when
     this study and worker already run elsewhere on this machine, HaltError when the world stops
@@ -251,7 +251,7 @@ def say_others_running(study: optuna.Study, worker: str, events: Events) -> None
 
 def window_watch(cfg: StudyConfig, events: Events) -> Callable[[FrozenTrial], None]:
     """`events.on_trial`, and once per run a warning when a trial's load run measured its
-    window's ramp-up rather than a steady state (loadwindow.py), and once when its request list
+    window's ramp-up rather than a steady state (loadgen/window.py), and once when its request list
     ran out before the window's end (a finite list: studyload.short_list_problem)."""
     warned = False
     exhausted = False
@@ -337,7 +337,7 @@ def _run(
 
 
 def sweep_lost_logs(cfg: StudyConfig, seams: Seams, tuning: Tuning) -> None:
-    """A killed run never removed its servers' files from the host's /tmp (hostlogs.py): its
+    """A killed run never removed its servers' files from the host's /tmp (server/logs.py): its
     servers are stopped by now, so this worker's trials' files go (none of them is running)."""
     logs = getattr(seams.server, "logs", None)  # a virtual server writes none
     if logs is None or logs.keep or not tuning.trials_dir.is_dir():

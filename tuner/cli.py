@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from tuner import __version__
 from tuner.errors import HaltError, InfraError, TunerError, one_line
-from tuner.storagefail import storage_failure
+from tuner.study.storage_failure import storage_failure
 
 COMMANDS = ("check", "tune", "status", "export", "report", "capacity", "bench", "sim")
 

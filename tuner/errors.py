@@ -22,7 +22,7 @@
         └── InfraRunaway        budget.max_consecutive_infra_failures reached
 
 A server that fails to start *because of its flags* (OOM, host memory) is not an exception
-here: `lifecycle.py` returns it as a classified outcome, and the study records it as infeasible.
+here: `server/lifecycle.py` returns it as a classified outcome, and the study records it as infeasible.
 """
 
 from __future__ import annotations

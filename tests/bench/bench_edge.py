@@ -27,8 +27,8 @@ if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.*
 
 from tests.bench.bench_search import CASES, requests_of, study_cfg  # noqa: E402
 from tests.bench.search_robust import ROBUST_RUNS, one_run  # noqa: E402
-from tuner.pooled import SLO_KEYS, pooled_verdict, tails_of  # noqa: E402
-from tuner.trial import objective_values  # noqa: E402
+from tuner.outcome import objective_values  # noqa: E402
+from tuner.verdict.tails import SLO_KEYS, pooled_verdict, tails_of  # noqa: E402
 
 pytestmark = pytest.mark.bench
 

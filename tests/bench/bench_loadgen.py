@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.simproc import sim_server
-from tuner.config import WorkloadSection
+from tuner.config.schema import WorkloadSection
 from tuner.loadgen import LoadResult, load_options, run_load_sync
-from tuner.workload import requests_for
+from tuner.loadgen.workload import requests_for
 
 #: test_loadgen_fake.py runs as a script: a zero-cost streaming server that prints its port
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"

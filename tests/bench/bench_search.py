@@ -68,15 +68,15 @@ from tests.bench.search_robust import (  # noqa: E402
     search,
 )
 from tuner.api import study_requests  # noqa: E402
-from tuner.config import StudyConfig  # noqa: E402
-from tuner.launch import build_launch  # noqa: E402
-from tuner.runner import score_load  # noqa: E402
-from tuner.samplerspace import range_points  # noqa: E402
-from tuner.sim.virtual_server import VirtualServer  # noqa: E402
-from tuner.space import active_params, canonical, distributions, server_flags  # noqa: E402
-from tuner.studyfile import parse_study  # noqa: E402
-from tuner.target import Launch  # noqa: E402
-from tuner.trial import Attr, Status, full_params, measured_outcome, objective_values  # noqa: E402
+from tuner.config.load import parse_study  # noqa: E402
+from tuner.config.schema import StudyConfig  # noqa: E402
+from tuner.outcome import Attr, Status, full_params, measured_outcome, objective_values  # noqa: E402
+from tuner.search.sampler import range_points  # noqa: E402
+from tuner.search.space import active_params, canonical, distributions, server_flags  # noqa: E402
+from tuner.server.launch import build_launch  # noqa: E402
+from tuner.server.target import Launch  # noqa: E402
+from tuner.sim.virtual.server import VirtualServer  # noqa: E402
+from tuner.trial.runner import score_load  # noqa: E402
 
 pytestmark = pytest.mark.bench
 
@@ -276,7 +276,7 @@ def run_study(case: str, strategy: str, seed: int, budget: int) -> StudyRun:
 def _row(t: Any) -> Row:
     from optuna.trial import TrialState
 
-    from tuner.trial import is_feasible
+    from tuner.outcome import is_feasible
 
     a = t.user_attrs
     done = t.state == TrialState.COMPLETE and t.values is not None
@@ -604,9 +604,9 @@ def _spread(xs: Sequence[float]) -> str:
 def http_runs(case: str, params: dict[str, Any], duration_s: float, n: int) -> list[float]:
     """The same configuration on the HTTP simulator (real time): n fresh servers, one run each."""
     from tests.helpers.simproc import sim_server
-    from tuner.launch import flag_args
     from tuner.loadgen import load_options, run_load_sync
-    from tuner.sim.virtual_server import sim_args
+    from tuner.server.launch import flag_args
+    from tuner.sim.virtual.server import sim_args
 
     cfg = study_cfg(case)
     w = cfg.workload.model_copy(update={"duration_s": duration_s})

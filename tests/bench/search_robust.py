@@ -2,7 +2,7 @@
 
 `robust`: a configuration as it would be shipped: `ROBUST_RUNS` fresh servers with the
 simulator's noise (seeds no study uses), one load run each; its score is the mean of the runs'
-measured scores when none died and the SLOs hold on all their requests pooled (tuner.pooled),
+measured scores when none died and the SLOs hold on all their requests pooled (tuner.verdict.tails),
 else 0. A single noise-free run is one sample like any other: at an SLO's edge (Llama-70B at
 concurrency 63: p99 TPOT passes in 3 of 6 noisy starts, fails noise-free) it calls a coin toss
 a fact, and an optimum found that way is one no user could keep. The optimum is chosen on one
@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from tuner.api import Events, tune
-from tuner.launch import build_launch
-from tuner.pooled import pooled_verdict, tails_of
-from tuner.results import all_confirmations, best_trial
-from tuner.runner import score_load
-from tuner.sim.virtual_server import VirtualServer
-from tuner.sim.virtual_study import VirtualLoad, virtual_seams
-from tuner.space import client_params, server_flags
-from tuner.target import Launch
-from tuner.trial import Attr, full_params, objective_values
+from tuner.outcome import Attr, full_params, objective_values
+from tuner.search.space import client_params, server_flags
+from tuner.server.launch import build_launch
+from tuner.server.target import Launch
+from tuner.sim.virtual.server import VirtualServer
+from tuner.sim.virtual.study import VirtualLoad, virtual_seams
+from tuner.trial.runner import score_load
+from tuner.verdict.tails import pooled_verdict, tails_of
+from tuner.verdict.winner import all_confirmations, best_trial
 
 #: fresh noisy starts per configuration, and the first of their seeds (studies use 0..99)
 ROBUST_RUNS = [5]

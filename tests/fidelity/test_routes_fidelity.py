@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from tests.helpers.played import MODEL, NEW, OLD, call, get, post
-from tuner.sim.httproutes import routes_for
+from tuner.sim.http.routes import routes_for
 
 
 def test_probes(sim):

@@ -23,12 +23,12 @@ from typing import Any
 import optuna
 import yaml
 
-from tuner.lifecycle import ServerDeath, StartResult
-from tuner.precheck import Hardware
-from tuner.runner import TrialRunner
-from tuner.study import make_sampler, make_storage, open_study, storage_url
-from tuner.studyfile import load_study
-from tuner.tuning import Tuning
+from tuner.capacity.precheck import Hardware
+from tuner.config.load import load_study
+from tuner.server.lifecycle import ServerDeath, StartResult
+from tuner.study.loop import Tuning
+from tuner.study.storage import make_sampler, make_storage, open_study, storage_url
+from tuner.trial.runner import TrialRunner
 
 WINNER, SLO_MISS, START_FAILED, REJECTED, DIED, DUPLICATE = 1, 2, 3, 4, 5, 6
 FIXED = {

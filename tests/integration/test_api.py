@@ -10,8 +10,8 @@ from optuna.trial import TrialState
 
 from tests.helpers.studies import study_file
 from tuner.api import Events, tune
-from tuner.studyfile import load_study
-from tuner.trial import Attr, Status
+from tuner.config.load import load_study
+from tuner.outcome import Attr, Status
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from test_loadgen_fake import FakeConfig, FakeSGLang, ServerThread
 
-from tuner.config import WorkloadSection
+from tuner.config.schema import WorkloadSection
 from tuner.loadgen import LoadOptions, load_options, run_load_sync
-from tuner.workload import requests_for
+from tuner.loadgen.workload import requests_for
 
 
 def options(w: WorkloadSection, concurrency: int = 4, **kw: Any) -> LoadOptions:
@@ -21,7 +21,7 @@ def options(w: WorkloadSection, concurrency: int = 4, **kw: Any) -> LoadOptions:
 
 
 def test_a_window_run_of_random_requests_is_topped_up_to_its_end() -> None:
-    from tuner.studyload import refill_for
+    from tuner.loadgen.plan import refill_for
 
     w = WorkloadSection(input_len=8, output_len=4, duration_s=1.5, warmup_requests=0)
     w = w.model_copy(update={"flush_cache": False})
@@ -56,8 +56,8 @@ def test_the_first_errors_of_a_run_do_not_trip_the_budget() -> None:
 
 
 def test_the_budget_follows_an_slo_that_allows_more_errors() -> None:
-    from tuner.studyfile import parse_study
-    from tuner.studyload import study_load_options
+    from tuner.config.load import parse_study
+    from tuner.loadgen.plan import study_load_options
 
     cfg = parse_study(
         {

@@ -37,7 +37,7 @@ import yaml
 
 from tests.helpers.net import free_port
 from tuner.cli import main as tuner_main
-from tuner.workloadcfg import KINDS_OF_KEY
+from tuner.config.workload import KINDS_OF_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 #: the password planted in storage URLs: it must never be printed

@@ -23,9 +23,9 @@ from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.relay import Relay
 from tests.helpers.sshd import Sshd
 from tests.helpers.studies import REPO, study_file
-from tuner.results import best_trial
-from tuner.trial import Attr
-from tuner.worklock import marker_for
+from tuner.outcome import Attr
+from tuner.study.worklock import marker_for
+from tuner.verdict.winner import best_trial
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 

@@ -225,9 +225,9 @@ def test_port_in_use(tmp_path: Path) -> None:
 def test_port_held_by_a_server_this_runs_folder_left(tmp_path: Path) -> None:
     """A server carrying the marker of this study, worker and runs folder is tune's own leftover
     (a warning: tune stops it); the same study run from another runs folder must not claim it."""
-    from tuner.lifecycle import MARKER_VAR
-    from tuner.tuning import default_worker
-    from tuner.worklock import marker_for
+    from tuner.server.lifecycle import MARKER_VAR
+    from tuner.study.loop import default_worker
+    from tuner.study.worklock import marker_for
 
     study = study_file(tmp_path, "check-stray")
     target = yaml.safe_load(study.read_text())["target"]

@@ -28,15 +28,15 @@ from tests.helpers.net import free_port
 from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file
-from tuner.config import Timeouts
-from tuner.container import ContainerSection
-from tuner.container_runtime import ContainerRuntime
+from tuner.config.schema import Timeouts
 from tuner.errors import InfraError, SetupError
 from tuner.hosts import Host, LocalHost, SSHHost
-from tuner.launch import LaunchSpec, build_launch
-from tuner.lifecycle import Server
+from tuner.server.container import ContainerSection
+from tuner.server.launch import LaunchSpec, build_launch
+from tuner.server.lifecycle import Server
+from tuner.server.runtime import ContainerRuntime
 from tuner.sglang.failures import FailureClass, is_config_failure
-from tuner.worklock import marker_for
+from tuner.study.worklock import marker_for
 
 pytestmark = pytest.mark.slow
 

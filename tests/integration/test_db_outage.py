@@ -161,7 +161,7 @@ def test_two_workers_ride_out_a_postgres_restart(tmp_path: Path) -> None:
 SHORT_BOUND = [
     sys.executable,
     "-c",
-    "import sys, tuner.storageretry as r; r.DB_OUTAGE_S = 8; "
+    "import sys, tuner.study.rdb as r; r.DB_OUTAGE_S = 8; "
     "from tuner.cli import main; sys.exit(main(sys.argv[1:]))",
 ]
 

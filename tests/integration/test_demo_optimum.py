@@ -20,9 +20,9 @@ import yaml
 
 from tests.helpers.net import free_port
 from tuner.api import study_requests
+from tuner.config.load import load_study
 from tuner.sim.engine import SimRequest
-from tuner.sim.virtual import virtual_trial
-from tuner.studyfile import load_study
+from tuner.sim.virtual.trial import virtual_trial
 
 REPO = Path(__file__).resolve().parents[2]
 

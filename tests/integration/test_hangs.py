@@ -22,12 +22,12 @@ import pytest
 from tests.helpers.simproc import SimProc
 from tests.helpers.studies import study_file
 from tuner.api import Seams, build_seams
-from tuner.config import StudyConfig, WorkloadSection
+from tuner.config.load import load_study
+from tuner.config.schema import StudyConfig, WorkloadSection
 from tuner.loadgen import Bounds, LoadProgress, load_options, run_load_sync
-from tuner.runner import HUNG
-from tuner.studyfile import load_study
-from tuner.trial import Status
-from tuner.workload import requests_for
+from tuner.loadgen.workload import requests_for
+from tuner.outcome import Status
+from tuner.trial.runner import HUNG
 
 pytestmark = pytest.mark.slow
 

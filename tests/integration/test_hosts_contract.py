@@ -19,7 +19,7 @@ from tests.helpers.net import free_port
 from tests.helpers.sshd import Sshd, assert_group_gone, assert_groups_reaped
 from tuner.errors import CommandTimeout, HostTrustError, HostUnreachable, InfraError
 from tuner.hosts import Host, SSHHost
-from tuner.launch import LaunchSpec
+from tuner.server.launch import LaunchSpec
 
 NASTY = ["a b", "it's", 'say "hi"', "$HOME", "`id`", "x; echo pwned", "*", "", "tab\there", "é"]
 

@@ -25,9 +25,9 @@ import yaml
 
 from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.studies import REPO, study_file
-from tuner.results import CONFIRM_ATTR
-from tuner.trial import Attr
-from tuner.worklock import marker_for
+from tuner.outcome import Attr
+from tuner.study.worklock import marker_for
+from tuner.verdict.winner import CONFIRM_ATTR
 
 pytestmark = pytest.mark.slow
 

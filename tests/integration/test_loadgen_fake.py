@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tuner.config import WorkloadSection
+from tuner.config.schema import WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable, TrialTimeout
 from tuner.loadgen import Bounds, LoadOptions, load_options, make_session, run_load, run_load_sync
-from tuner.metrics import summarize
-from tuner.workload import Request, requests_for
+from tuner.loadgen.metrics import summarize
+from tuner.loadgen.workload import Request, requests_for
 
 
 @dataclass

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.helpers.simproc import SimProc, sim_server
-from tuner.config import WorkloadSection
+from tuner.config.schema import WorkloadSection
 from tuner.loadgen import LoadOptions, load_options, run_load_sync
-from tuner.workload import Request, requests_for
+from tuner.loadgen.workload import Request, requests_for
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from tests.helpers.procs import kill_marked
 from tests.helpers.relay import Relay
 from tests.helpers.sshd import Sshd
 from tests.helpers.studies import REPO, study_file
-from tuner.tuning import default_worker
-from tuner.worklock import marker_for
+from tuner.study.loop import default_worker
+from tuner.study.worklock import marker_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 

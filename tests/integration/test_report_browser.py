@@ -20,13 +20,13 @@ import yaml
 
 from tests.helpers.browser import chromium, png_pixels, render
 from tests.helpers.studies import REPO
-from tuner.reportfigs import LOAD_POINTS_ATTR
-from tuner.reportpage import CHARTS, plotly_js, write_html
-from tuner.results import CONFIRM_ATTR, best_trial
-from tuner.space import distributions
-from tuner.studyfile import load_study
-from tuner.trial import Status, failed_outcome, measured_outcome
-from tuner.tuning import Tuning
+from tuner.config.load import load_study
+from tuner.outcome import Status, failed_outcome, measured_outcome
+from tuner.report.figures import LOAD_POINTS_ATTR
+from tuner.report.page import CHARTS, plotly_js, write_html
+from tuner.search.space import distributions
+from tuner.study.loop import Tuning
+from tuner.verdict.winner import CONFIRM_ATTR, best_trial
 
 pytestmark = pytest.mark.slow
 

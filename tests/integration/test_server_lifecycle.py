@@ -25,11 +25,11 @@ import pytest
 
 from tests.helpers.net import free_port
 from tests.helpers.sshd import assert_group_gone
-from tuner.config import Timeouts
+from tuner.config.schema import Timeouts
 from tuner.errors import PortHeldError
 from tuner.hosts import Host, SSHHost
-from tuner.launch import LaunchSpec
-from tuner.lifecycle import Server
+from tuner.server.launch import LaunchSpec
+from tuner.server.lifecycle import Server
 
 FAKE = str(Path(__file__).resolve().parents[1] / "helpers" / "fake_sglang.py")
 FAST = Timeouts(ready_s=20, stop_s=5, port_free_s=3, gpu_free_s=5, poll_s=0.05, http_s=2)

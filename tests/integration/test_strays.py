@@ -28,11 +28,11 @@ from tests.helpers.net import free_port
 from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.relay import Relay
 from tests.helpers.sshd import Sshd, assert_group_gone
-from tuner.config import Timeouts
+from tuner.config.schema import Timeouts
 from tuner.errors import HostUnreachable, PortHeldError, SetupError
 from tuner.hosts import Host, SSHHost
-from tuner.launch import LaunchSpec
-from tuner.lifecycle import Server
+from tuner.server.launch import LaunchSpec
+from tuner.server.lifecycle import Server
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from tests.helpers.procs import kill_marked
 from tests.helpers.simproc import sim_server
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file, tuner
-from tuner.launch import server_log_path
-from tuner.worklock import marker_for
+from tuner.server.launch import server_log_path
+from tuner.study.worklock import marker_for
 
 pytestmark = pytest.mark.slow
 

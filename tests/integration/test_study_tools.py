@@ -36,11 +36,11 @@ from tests.helpers.prepared import (
 )
 from tests.helpers.studies import REPO
 from tuner.cli import main
-from tuner.results import best_trial
-from tuner.space import distributions, fingerprint
-from tuner.study import make_sampler, make_storage, open_study, storage_url
-from tuner.studyfile import load_study
-from tuner.trial import CONSTRAINT_KEYS, missed_slos
+from tuner.config.load import load_study
+from tuner.outcome import CONSTRAINT_KEYS, missed_slos
+from tuner.search.space import distributions, fingerprint
+from tuner.study.storage import make_sampler, make_storage, open_study, storage_url
+from tuner.verdict.winner import best_trial
 
 
 @pytest.fixture(scope="module")

@@ -36,14 +36,14 @@ from tests.helpers.relay import Relay
 from tests.helpers.simproc import sim_server
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file, tuner
-from tuner.config import Timeouts
-from tuner.endpoint import DirectEndpoint, TunnelEndpoint
+from tuner.config.schema import Timeouts
 from tuner.errors import HostUnreachable, InfraError
 from tuner.hosts import LocalHost, SSHHost
 from tuner.hosts.forward import Forward
-from tuner.launch import LaunchSpec
-from tuner.lifecycle import Server
-from tuner.trial import Attr, Status
+from tuner.outcome import Attr, Status
+from tuner.server.endpoint import DirectEndpoint, TunnelEndpoint
+from tuner.server.launch import LaunchSpec
+from tuner.server.lifecycle import Server
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -91,9 +91,9 @@ def ssh(sshd_server: Sshd) -> Iterator[SSHHost]:
 
 
 def test_a_forward_carries_concurrent_streams(ssh: SSHHost) -> None:
-    from tuner.config import WorkloadSection
+    from tuner.config.schema import WorkloadSection
     from tuner.loadgen import load_options, run_load_sync
-    from tuner.workload import requests_for
+    from tuner.loadgen.workload import requests_for
 
     with sim_server("--sim-profile", "llama-3.1-8b-h100") as sim, Forward(ssh, sim.port) as fwd:
         url = f"http://127.0.0.1:{fwd.port}"
@@ -333,7 +333,7 @@ def test_a_study_on_an_ssh_config_alias(sshd_server: Sshd, tmp_path: Path) -> No
     runs = tmp_path / "runs"
 
     from tuner.api import build_seams
-    from tuner.studyfile import load_study
+    from tuner.config.load import load_study
 
     seams = build_seams(load_study(study), None)
     try:  # the runner's URL is the tunnel's local end, never the alias

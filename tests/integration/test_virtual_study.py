@@ -16,11 +16,11 @@ import yaml
 
 from tests.helpers.studies import study_file, tuner
 from tuner.api import Events, tune
+from tuner.config.load import load_study
 from tuner.errors import StudyMismatchError
-from tuner.results import completed
-from tuner.sim.virtual_study import virtual_seams
-from tuner.studyfile import load_study
-from tuner.trial import Attr, Status
+from tuner.outcome import Attr, Status
+from tuner.sim.virtual.study import virtual_seams
+from tuner.verdict.winner import completed
 
 pytestmark = pytest.mark.slow
 

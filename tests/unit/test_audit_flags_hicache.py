@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from tuner.capacity.precheck import Hardware, Knowledge, precheck
+from tuner.config.load import parse_study
 from tuner.errors import ConfigError
-from tuner.export import best_flags
-from tuner.launch import build_launch, effective_flags
-from tuner.precheck import Hardware, Knowledge, precheck
-from tuner.space import server_flags
-from tuner.studyfile import parse_study
+from tuner.report.export import best_flags
+from tuner.search.space import server_flags
+from tuner.server.launch import build_launch, effective_flags
 
 SPACE = {"mem-fraction-static": {"low": 0.8, "high": 0.9, "step": 0.01}}
 

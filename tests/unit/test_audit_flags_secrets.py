@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.launch import build_launch, is_secret_name, is_secret_variable, shown_command
+from tuner.server.launch import build_launch, is_secret_name, is_secret_variable, shown_command
 
 
 @pytest.mark.parametrize(

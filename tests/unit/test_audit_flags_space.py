@@ -12,10 +12,10 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
+from tuner.config.load import parse_study
 from tuner.errors import ConfigError, StudyMismatchError
-from tuner.space import distributions, fingerprint, hosted_target_hash
-from tuner.study import FINGERPRINT_ATTR, open_study
-from tuner.studyfile import parse_study
+from tuner.search.space import distributions, fingerprint, hosted_target_hash
+from tuner.study.storage import FINGERPRINT_ATTR, open_study
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 

@@ -8,10 +8,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from tuner.export import best_flags, render_cmd, render_yaml
-from tuner.launch import build_launch, flag_args
+from tuner.config.load import parse_study
+from tuner.report.export import best_flags, render_cmd, render_yaml
+from tuner.server.launch import build_launch, flag_args
 from tuner.sim.flags import parse_flags
-from tuner.studyfile import parse_study
 
 SIM_23 = ["python", "-m", "tuner.sim", "--sim-sglang-version", "0.5.23"]
 

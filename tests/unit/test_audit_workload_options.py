@@ -14,18 +14,18 @@ import yaml
 from optuna.trial import TrialState
 
 from tuner.api import Events, tune
-from tuner.callbacks import ProbeConcurrency
-from tuner.config import BudgetSection, ParamSpec, WorkloadSection
+from tuner.config.load import parse_study
+from tuner.config.schema import BudgetSection, ParamSpec, WorkloadSection
 from tuner.errors import ConfigError
-from tuner.innersearch import Bounds, Point, search
-from tuner.innertrial import bounds, request_tokens, search_mode
+from tuner.loadgen.metrics import RequestRecord
 from tuner.loadgen.result import LoadResult
-from tuner.metrics import RequestRecord
-from tuner.runner import score_load
-from tuner.sim.virtual_study import virtual_seams
-from tuner.studyfile import parse_study
-from tuner.trial import Status, measured_outcome
-from tuner.workload import requests_for
+from tuner.loadgen.workload import requests_for
+from tuner.outcome import Status, measured_outcome
+from tuner.search.inner import Bounds, Point, search
+from tuner.sim.virtual.study import virtual_seams
+from tuner.study.callbacks import ProbeConcurrency
+from tuner.trial.inner import bounds, request_tokens, search_mode
+from tuner.trial.runner import score_load
 
 # the new names are imported in the tests that use them, so that every test of this file runs
 # (and fails on its own assertion) against the code before the fixes
@@ -97,7 +97,7 @@ def test_a_request_rate_without_concurrency_is_not_capped_at_one(tmp_path: Path)
 def test_neither_concurrency_nor_rate_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:
-    from tuner.studyload import unset_concurrency
+    from tuner.loadgen.plan import unset_concurrency
 
     cfg = parse_study(study(**{"space.concurrency": None, "baseline.concurrency": None}), "s.yaml")
     assert unset_concurrency(cfg) is not None
@@ -119,7 +119,7 @@ def test_workload_concurrency_beside_a_searched_one_is_refused() -> None:
 
 
 def test_a_searched_concurrency_wins_and_a_rate_alone_has_no_cap() -> None:
-    from tuner.studyload import study_load_options
+    from tuner.loadgen.plan import study_load_options
 
     cfg = parse_study(study(), "s.yaml")
     assert study_load_options(cfg, {"concurrency": 40}, max_loop_lag_ms=50).concurrency == 40
@@ -143,7 +143,7 @@ def test_a_short_request_list_is_topped_up_for_the_whole_window(tmp_path: Path) 
 
 
 def test_more_requests_are_seeded_and_numbered_after_the_list() -> None:
-    from tuner.workload import more_requests
+    from tuner.loadgen.workload import more_requests
 
     w = WorkloadSection(kind="multi-turn", input_len=20, output_len=4, turns=3, question_len=5)
     first = requests_for(w, num_requests=30)
@@ -179,7 +179,7 @@ def test_shared_prefix_count_above_its_prompts_is_refused() -> None:
 
 
 def test_the_client_error_budget_is_never_stricter_than_the_slo() -> None:
-    from tuner.studyload import error_budget, study_load_options
+    from tuner.loadgen.plan import error_budget, study_load_options
 
     data = study()
     data["objective"]["slo"]["max_error_rate"] = 0.2

@@ -5,12 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from tuner import capacity as cap
 from tuner.api import Events, judge_by_available_ram
-from tuner.errors import HostUnreachable
-from tuner.hosts.base import CommandResult
-from tuner.hosts.local import LocalHost
-from tuner.precheck import (
+from tuner.capacity import calculus as cap
+from tuner.capacity.precheck import (
     HOST_RAM_MARGIN,
     Hardware,
     Knowledge,
@@ -18,7 +15,10 @@ from tuner.precheck import (
     precheck,
     with_available_ram,
 )
-from tuner.target import Launch
+from tuner.errors import HostUnreachable
+from tuner.hosts.base import CommandResult
+from tuner.hosts.local import LocalHost
+from tuner.server.target import Launch
 
 GIB = 1024**3
 SIM = Launch(("python", "-m", "tuner.sim", "--sim-profile", "x"), {})

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import capacity as cap
-from tuner.capacity_analysis import CapacityInputs, analyze
+from tuner.capacity import calculus as cap
+from tuner.capacity.analysis import CapacityInputs, analyze
+from tuner.capacity.models import load_model_config
 from tuner.errors import ModelConfigError
-from tuner.modelcfg import load_model_config
 from tuner.sglang.defaults import default_mem_fraction_static
 
 KIMI_GPU_MIB = 97887

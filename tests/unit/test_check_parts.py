@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tests.helpers.studies import REPO
-from tuner import capacity as cap
+from tuner.capacity import calculus as cap
 from tuner.check.lines import FAIL, OK, SKIP, CheckLine, fail, ok, render
 from tuner.check.machine import hicache_limit, parse_apps, parse_gpus, parse_meminfo
 from tuner.check.plan import Check, _run
@@ -16,9 +16,9 @@ from tuner.check.probe import Probe
 from tuner.check.reading import capacity
 from tuner.check.sglang import python_module, study_flags, version_package
 from tuner.check.spacefacts import model_path, ranks, values_of
+from tuner.config.load import parse_study
 from tuner.errors import SetupError
-from tuner.studyfile import parse_study
-from tuner.target import Launch
+from tuner.server.target import Launch
 
 
 def demo(**server: object) -> dict:

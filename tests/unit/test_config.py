@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import Timeouts, parse_duration
+from tuner.config.load import load_study, parse_study
+from tuner.config.schema import Timeouts, parse_duration
 from tuner.errors import ConfigError
-from tuner.space import client_params
-from tuner.studyfile import load_study, parse_study
+from tuner.search.space import client_params
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = {
@@ -178,7 +178,7 @@ def test_values_checked_against_sglang_and_the_space(patch: dict, key: str, frag
 
 
 def test_secret_words_are_whole_words() -> None:
-    from tuner.studycheck import is_secret
+    from tuner.config.validate import is_secret
 
     assert is_secret("api-key") and is_secret("hf-token") and is_secret("db-password")
     assert not is_secret("max-total-tokens") and not is_secret("tokenizer-path")
@@ -203,7 +203,7 @@ def test_non_utf8_study_file_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_fifo_or_device_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    from tuner.yamlfile import special_file
+    from tuner.config.yamlfile import special_file
 
     os.mkfifo(tmp_path / "s.yaml")
     with pytest.raises(ConfigError, match="FIFO, not a regular file"):
@@ -241,7 +241,7 @@ def test_an_alias_bomb_is_rendered_briefly(tmp_path: Path) -> None:
 
 
 def test_a_storage_password_is_masked_even_when_the_url_is_unparsable() -> None:
-    from tuner.study import check_url, masked
+    from tuner.study.storage import check_url, masked
 
     for url in (
         "postgresql://u:hun/ter@2@127.0.0.1:notaport/db",

@@ -1,4 +1,4 @@
-"""The container's command lines and its study-file section (pure: tuner/container.py).
+"""The container's command lines and its study-file section (pure: tuner/server/container.py).
 
 The argv builders are checked for shape (name, label, mounts, `-e NAME` never with a value, the
 secrets file mounted read-only, the inner argv after the image) and for quoting through the
@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.config import parse_schema
-from tuner.container import (
+from tuner.config.load import parse_study
+from tuner.config.schema import parse_schema
+from tuner.errors import ConfigError
+from tuner.server.container import (
     DEFAULT_LAUNCH,
     ContainerSection,
     container_name,
@@ -37,10 +39,8 @@ from tuner.container import (
     target_problem,
     wrap,
 )
-from tuner.errors import ConfigError
-from tuner.launch import build_launch
-from tuner.studyfile import parse_study
-from tuner.target import Launch
+from tuner.server.launch import build_launch
+from tuner.server.target import Launch
 
 REPO = Path(__file__).resolve().parents[2]
 S = ContainerSection(image="lmsysorg/sglang:v0.5.6", mounts=["/data/models:/models:ro"])

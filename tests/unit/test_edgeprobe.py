@@ -13,10 +13,10 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tuner.api import tune
-from tuner.edgeprobe import MFS, ProbeEdge, edge_probe, ladder
-from tuner.sim.virtual_study import virtual_seams
-from tuner.studyfile import parse_study
-from tuner.trial import POOL_ATTR, Attr, Status
+from tuner.config.load import parse_study
+from tuner.outcome import POOL_ATTR, Attr, Status
+from tuner.search.edge import MFS, ProbeEdge, edge_probe, ladder
+from tuner.sim.virtual.study import virtual_seams
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = FloatDistribution(0.80, 0.95, step=0.01)

@@ -1,4 +1,4 @@
-"""Where the tuner reaches the server's port (tuner/endpoint.py, target.endpoint_for): URL forms,
+"""Where the tuner reaches the server's port (tuner/server/endpoint.py, target.endpoint_for): URL forms,
 ssh_config aliases resolved as ssh would, the choice of endpoint, and `ReachWatch`'s verdicts on
 a fake clock. No SSH connection is made here (tests/integration/test_tunnel.py makes them)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import TargetSection
-from tuner.endpoint import DirectEndpoint, ReachWatch, TunnelEndpoint, url_for
+from tuner.config.schema import TargetSection
 from tuner.errors import ConfigError, HostUnreachable, InfraError
-from tuner.target import endpoint_for, host_for, http_hostname
+from tuner.server.endpoint import DirectEndpoint, ReachWatch, TunnelEndpoint, url_for
+from tuner.server.target import endpoint_for, host_for, http_hostname
 
 
 def test_url_forms() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.check.flagset import version_problems
-from tuner.export import render_yaml
+from tuner.report.export import render_yaml
 
 
 def _data(flags: dict[str, Any], version: str) -> dict[str, Any]:

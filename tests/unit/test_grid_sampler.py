@@ -8,12 +8,12 @@ import math
 import optuna
 import pytest
 
+from tuner.config.load import parse_study
 from tuner.errors import ConfigError
-from tuner.samplerspace import grid as _grid
-from tuner.samplerspace import range_points
-from tuner.space import sample
-from tuner.study import make_sampler
-from tuner.studyfile import parse_study
+from tuner.search.sampler import grid as _grid
+from tuner.search.sampler import range_points
+from tuner.search.space import sample
+from tuner.study.storage import make_sampler
 
 STUDY = {
     "study": "grid",

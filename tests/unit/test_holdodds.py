@@ -1,5 +1,5 @@
 """The odds that a configuration holds its latency limits, from its runs' p99s and from the
-requests beyond them (holdodds.py)."""
+requests beyond them (verdict/odds.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from tuner.holdodds import FLOOR_SD, _gamma_cdf, exceed_odds, hold_odds, log_ratios, noise_sd
-from tuner.pooled import histogram
+from tuner.verdict.odds import FLOOR_SD, _gamma_cdf, exceed_odds, hold_odds, log_ratios, noise_sd
+from tuner.verdict.tails import histogram
 
 LIMITS = {"p99_ttft_ms": 3000.0, "max_error_rate": 0.01}
 

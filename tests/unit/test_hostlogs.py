@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tuner.errors import HostUnreachable
-from tuner.hostlogs import HostLogs
+from tuner.server.logs import HostLogs
 
 
 class Host:
@@ -63,7 +63,7 @@ def test_a_host_that_fails_the_removal_costs_a_warning_not_the_study(caplog) -> 
 
 
 def test_a_long_studys_files_are_removed_in_short_commands() -> None:
-    from tuner.hostlogs import RM_BATCH
+    from tuner.server.logs import RM_BATCH
 
     calls: list[int] = []
 

@@ -1,4 +1,4 @@
-"""The inner search does not take a point whose p99 hides a gap in the tail (innertrial.py):
+"""The inner search does not take a point whose p99 hides a gap in the tail (trial/inner.py):
 Kimi TP8's concurrency 62 had, on every start, 3 of ~297 requests at 71 s (the opening burst
 beyond what the pool admits) and the rest under 22 s: each run's p99 read 24 s of a 30 s limit,
 its true share beyond the limit 1.01%, so its runs pooled miss the limit."""
@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuner.innersearch import Bounds
-from tuner.innertrial import NAME, run_inner
-from tuner.metrics import RequestRecord
-from tuner.pooled import pooled_metrics, tails_of
-from tuner.studyfile import parse_study
-from tuner.trial import Status, TrialOutcome, slo_constraints
+from tuner.config.load import parse_study
+from tuner.loadgen.metrics import RequestRecord
+from tuner.outcome import Status, TrialOutcome, slo_constraints
+from tuner.search.inner import Bounds
+from tuner.trial.inner import NAME, run_inner
+from tuner.verdict.tails import pooled_metrics, tails_of
 
 ADMITS = 59  # the pool admits this many requests at once; the rest of the opening burst waits
 

@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from tuner.api import tune
+from tuner.config.load import parse_study
 from tuner.errors import ConfigError
-from tuner.export import export_data
-from tuner.innertrial import search_mode
-from tuner.reportruns import load_search
-from tuner.results import completed
-from tuner.sim.virtual_study import virtual_seams
-from tuner.studyfile import parse_study
-from tuner.trial import Attr, Status
+from tuner.outcome import Attr, Status
+from tuner.report.export import export_data
+from tuner.report.runs import load_search
+from tuner.sim.virtual.study import virtual_seams
+from tuner.trial.inner import search_mode
+from tuner.verdict.winner import completed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,7 +115,7 @@ def test_search_is_refused_where_it_cannot_work() -> None:
 def test_a_trial_timeout_too_short_for_the_inner_runs_is_warned_about(tmp_path: Path) -> None:
     from tuner.api import Events
     from tuner.check.reading import trial_time
-    from tuner.innertrial import trial_time_problem
+    from tuner.trial.inner import trial_time_problem
 
     d = demo()
     d["workload"]["duration_s"] = 30

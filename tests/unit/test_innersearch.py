@@ -18,17 +18,17 @@ import pytest
 import yaml
 
 from tuner.api import study_requests
-from tuner.innersearch import KNEE_GAIN, NEAR_EDGE, Bounds, Point, knee, search, start_at
-from tuner.innertrial import bounds, widest_gap
-from tuner.launch import build_launch
-from tuner.runner import score_load
-from tuner.samplerspace import range_points
-from tuner.sim.virtual_server import VirtualServer
-from tuner.sim.virtual_study import VirtualLoad
-from tuner.space import server_flags
-from tuner.studyfile import parse_study
-from tuner.target import Launch
-from tuner.trial import measured_outcome, objective_values
+from tuner.config.load import parse_study
+from tuner.outcome import measured_outcome, objective_values
+from tuner.search.inner import KNEE_GAIN, NEAR_EDGE, Bounds, Point, knee, search, start_at
+from tuner.search.sampler import range_points
+from tuner.search.space import server_flags
+from tuner.server.launch import build_launch
+from tuner.server.target import Launch
+from tuner.sim.virtual.server import VirtualServer
+from tuner.sim.virtual.study import VirtualLoad
+from tuner.trial.inner import bounds, widest_gap
+from tuner.trial.runner import score_load
 
 PROFILES = Path(__file__).resolve().parents[2] / "tuner" / "sim" / "profiles"
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tuner.config.load import load_study, parse_study
+from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError
-from tuner.studyfile import load_study, parse_study
-from tuner.yamlfile import special_file
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.api import hardware_of, study_requests
-from tuner.precheck import Hardware, Knowledge, precheck
-from tuner.runner import TrialRunner
-from tuner.sim.virtual_server import VirtualClock, VirtualServer
-from tuner.sim.virtual_study import VirtualLoad
-from tuner.studyfile import parse_study
-from tuner.target import Launch
-from tuner.trial import Status
+from tuner.capacity.precheck import Hardware, Knowledge, precheck
+from tuner.config.load import parse_study
+from tuner.outcome import Status
+from tuner.server.target import Launch
+from tuner.sim.virtual.server import VirtualClock, VirtualServer
+from tuner.sim.virtual.study import VirtualLoad
+from tuner.trial.runner import TrialRunner
 
 BASE = {"model-path": "m", "chunked-prefill-size": 8192}
 
@@ -128,7 +128,7 @@ HOST = (
 
 
 def test_a_hicache_pool_the_host_could_not_pin_rejects_that_size_and_more() -> None:
-    from tuner.learning import learned_failure
+    from tuner.trial.learning import learned_failure
 
     tp8 = {"model-path": "m", "tensor-parallel-size": 8, "mem-fraction-static": 0.9}
     know = learned_failure(Knowledge(), "host_memory", {**tp8, "hicache-size": 54}, 9, HOST)

@@ -13,11 +13,11 @@ from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import create_trial
 
 from tuner.api import tune
-from tuner.learning import recalled
-from tuner.precheck import Knowledge
-from tuner.sim.virtual_study import virtual_seams
-from tuner.studyfile import parse_study
-from tuner.trial import Attr, Status
+from tuner.capacity.precheck import Knowledge
+from tuner.config.load import parse_study
+from tuner.outcome import Attr, Status
+from tuner.sim.virtual.study import virtual_seams
+from tuner.trial.learning import recalled
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"model-path": "m", "chunked-prefill-size": 8192}

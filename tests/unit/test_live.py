@@ -14,16 +14,16 @@ from optuna.trial import create_trial
 from rich.console import Console
 
 from tests.helpers.studies import REPO
+from tuner.config.load import load_study
 from tuner.hosts.local import LocalHost
-from tuner.live import PlainLines, render
 from tuner.loadgen.result import LoadProgress
-from tuner.progress import PhaseChanged, RunStarted, TrialStarted
+from tuner.outcome import Attr
+from tuner.server.startlog import StartupLog
 from tuner.sglang.milestones import Milestone, milestones
 from tuner.sim import loglines
-from tuner.startlog import StartupLog
-from tuner.studyfile import load_study
-from tuner.trial import Attr
-from tuner.watch import StudyWatch
+from tuner.watch.events import PhaseChanged, RunStarted, TrialStarted
+from tuner.watch.live import PlainLines, render
+from tuner.watch.state import StudyWatch
 
 #: a real SGLang start-up, as its log shows it (TP 2: every rank writes the same lines)
 SGLANG_LOG = """\

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tuner import api
+from tuner.config.load import load_study
 from tuner.errors import HostUnreachable
-from tuner.studyfile import load_study
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from tuner.config import WorkloadSection
+from tuner.config.load import parse_study
+from tuner.config.schema import WorkloadSection
 from tuner.errors import ConfigError
 from tuner.loadgen import LoadOptions, load_options
 from tuner.loadgen.client import Client, RequestState
-from tuner.studyfile import parse_study
-from tuner.workload import Request
+from tuner.loadgen.workload import Request
 
 
 def _opts(**workload: object) -> LoadOptions:

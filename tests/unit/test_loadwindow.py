@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.loadwindow import MIN_LIVES, short_window
+from tuner.loadgen.window import MIN_LIVES, short_window
 
 
 def test_a_window_finishing_under_two_requests_per_stream_is_short() -> None:

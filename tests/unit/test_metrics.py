@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.metrics import (
+from tuner.loadgen.metrics import (
     RequestRecord,
     bench_serving_json,
     goodput,

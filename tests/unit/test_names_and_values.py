@@ -11,18 +11,18 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from rich.console import Console
 
-from tuner.bench_names import backend_kind, run_keys, trial_run_keys
-from tuner.config import ObjectiveSection, WorkloadSection
-from tuner.space import fingerprint, tidy, tidy_params
-from tuner.studyfile import parse_study
-from tuner.trial import (
+from tuner.config.load import parse_study
+from tuner.config.schema import ObjectiveSection, WorkloadSection
+from tuner.loadgen.names import backend_kind, run_keys, trial_run_keys
+from tuner.outcome import (
     CONSTRAINT_KEYS,
     measured_outcome,
     missed_slos,
     named_constraints,
     objective_values,
 )
-from tuner.trialrows import FIGURES, trials_csv, trials_table
+from tuner.report.rows import FIGURES, trials_csv, trials_table
+from tuner.search.space import fingerprint, tidy, tidy_params
 
 SLO = {"slo": {"p99_ttft_ms": 3000, "max_error_rate": 0.01}}
 STUDY = {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.config.load import parse_study
 from tuner.errors import ConfigError, HaltError
-from tuner.notify import NotifySection, notify_for, send
-from tuner.runsummary import event_of, exit_code_of, run_summary
-from tuner.studyfile import parse_study
+from tuner.watch.notify import NotifySection, notify_for, send
+from tuner.watch.summary import event_of, exit_code_of, run_summary
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,10 +17,10 @@ import sqlalchemy.exc
 from tuner import cli
 from tuner.commands import check as check_cmd
 from tuner.commands.common import guard_output, output_file
+from tuner.config.load import parse_study
 from tuner.errors import ConfigError, InfraError
-from tuner.export import write_atomic, write_text
-from tuner.study import check_url, make_storage, storage_url
-from tuner.studyfile import parse_study
+from tuner.report.export import write_atomic, write_text
+from tuner.study.storage import check_url, make_storage, storage_url
 
 STUDY = {
     "study": "unit",
@@ -156,7 +156,7 @@ def test_a_failed_write_keeps_the_previous_file_whole_and_leaves_no_temp(tmp_pat
 
 
 def test_write_best_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.export as export
+    import tuner.report.export as export
 
     (tmp_path / "best.yaml").write_text("previous winner\n")
     monkeypatch.setattr(export, "export_data", lambda cfg, study: {})
@@ -316,7 +316,7 @@ def test_a_missing_folder_in_the_study_file_s_storage_is_refused(tmp_path: Path)
 def test_a_full_disk_on_opening_the_storage_is_the_world_s_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tuner.study as study_mod
+    import tuner.study.storage as study_mod
 
     def full(*args: object, **kw: object) -> None:
         orig = sqlite3.OperationalError("database or disk is full")
@@ -362,7 +362,7 @@ def test_a_default_folder_that_cannot_be_made_names_runs_dir(tmp_path: Path) -> 
 
 
 def test_the_notification_of_a_full_disk_says_so_not_optunas_assertion() -> None:
-    from tuner.runsummary import message_of
+    from tuner.watch.summary import message_of
 
     try:
         try:

@@ -1,4 +1,4 @@
-"""Latency tails pooled over runs (tuner/pooled.py): bins that read as numpy's percentile, from
+"""Latency tails pooled over runs (tuner/verdict/tails.py): bins that read as numpy's percentile, from
 the strict side; counts and bins that merge; one verdict on every request of several runs."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from tuner.config import SLOSection
-from tuner.metrics import RequestRecord, percentile
-from tuner.pooled import (
+from tuner.config.schema import SLOSection
+from tuner.loadgen.metrics import RequestRecord, percentile
+from tuner.verdict.tails import (
     histogram,
     merge,
     near_limits,
@@ -43,7 +43,7 @@ def tpot_run(n: int, slow: int, slow_ms: float, fast_ms: float = 30.0) -> list[R
 
 
 def raw_p99(records: list[RequestRecord]) -> float:
-    """The run's own p99 TPOT in ms, as tuner.metrics computes it."""
+    """The run's own p99 TPOT in ms, as tuner.loadgen.metrics computes it."""
     tpots = sorted((r.latency_s - r.ttft_s) / (r.output_len - 1) * 1000 for r in records if r.ok)
     return percentile(tpots, 99)
 

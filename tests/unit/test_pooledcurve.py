@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tuner.innertrial import InnerSearch
-from tuner.pooledcurve import fit, narrowed
-from tuner.studyfile import parse_study
-from tuner.trial import Status, TrialOutcome
+from tuner.config.load import parse_study
+from tuner.outcome import Status, TrialOutcome
+from tuner.search.curve import fit, narrowed
+from tuner.trial.inner import InnerSearch
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPE = {8: 0.2, 64: 0.90, 91: 0.985, 99: 1.0, 108: 0.975, 118: 0.95, 153: 0.93, 256: 0.5}

@@ -1,4 +1,4 @@
-"""The winner and its margin over the runner-up, against the run-to-run noise (results.py),
+"""The winner and its margin over the runner-up, against the run-to-run noise (verdict/winner.py),
 judged on every request of its runs together, and how the export says it."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
-from tuner.config import SLOSection
-from tuner.export import _versus, export_data, render, render_yaml
-from tuner.metrics import RequestRecord
-from tuner.pooled import tails_of
-from tuner.results import (
+from tuner.config.load import parse_study
+from tuner.config.schema import SLOSection
+from tuner.loadgen.metrics import RequestRecord
+from tuner.outcome import CONSTRAINT_KEYS, Attr
+from tuner.report.export import _versus, export_data, render, render_yaml
+from tuner.verdict.tails import tails_of
+from tuner.verdict.winner import (
     CONFIRM_ATTR,
     CONFIRM_TAILS_ATTR,
     all_confirm_tails,
@@ -25,8 +27,6 @@ from tuner.results import (
     unsettled,
     versus_runner_up,
 )
-from tuner.studyfile import parse_study
-from tuner.trial import CONSTRAINT_KEYS, Attr
 
 
 def _study(first: dict[float, float], confirmations: dict[str, list[float]]) -> optuna.Study:
@@ -85,7 +85,7 @@ def test_one_run_each_says_the_noise_is_unknown() -> None:
     assert versus_runner_up(_study({0.9: 1000}, {})) is None
 
 
-# --- the pooled verdict: every request of a candidate's runs together (pooled.py) -----------
+# --- the pooled verdict: every request of a candidate's runs together (verdict/tails.py) -----------
 
 SLO = SLOSection(p99_tpot_ms=50)
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from tuner.capacity.precheck import Hardware
+from tuner.config.load import parse_study
 from tuner.errors import TrialTimeout
-from tuner.lifecycle import ServerDeath, StartResult
-from tuner.metrics import RequestRecord
-from tuner.precheck import Hardware
-from tuner.runner import HUNG, PHASES, TrialRunner
-from tuner.studyfile import parse_study
-from tuner.trial import Status
+from tuner.loadgen.metrics import RequestRecord
+from tuner.outcome import Status
+from tuner.server.lifecycle import ServerDeath, StartResult
+from tuner.trial.runner import HUNG, PHASES, TrialRunner
 
 STUDY = {
     "study": "unit",

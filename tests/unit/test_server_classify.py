@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.server_info import mismatches, values_match
+from tuner.server.info import mismatches, values_match
 from tuner.sglang.failures import FailureClass, explain_failure
 
 P = "[2026-01-12 10:00:00 TP0] "

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from tuner.config import Timeouts
+from tuner.config.schema import Timeouts
 from tuner.errors import CommandTimeout, HostUnreachable, InfraError
 from tuner.hosts import CommandResult
-from tuner.lifecycle import Server
+from tuner.server.lifecycle import Server
 
 T = Timeouts(ready_s=10, stop_s=3, port_free_s=2, gpu_free_s=4, poll_s=0.5, http_s=1)
 

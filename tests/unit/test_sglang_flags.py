@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from tuner.capacity import KV_DTYPES
+from tuner.capacity.calculus import KV_DTYPES
 from tuner.errors import ConfigError
 from tuner.sglang.flags import (
     DEFAULT_VERSION,

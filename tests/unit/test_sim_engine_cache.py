@@ -1,4 +1,4 @@
-"""The simulator's prefix cache and HiCache host tier (tuner/sim/radix.py through the Engine)."""
+"""The simulator's prefix cache and HiCache host tier (tuner/sim/engine/radix.py through the Engine)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from tuner.sim.engine import Engine, EngineParams, SimRequest, StepTimeModel, run_closed_loop
+from tuner.sim.engine.radix import RadixCache, block_size, chain_keys
 from tuner.sim.profile import load_profile
-from tuner.sim.radix import RadixCache, block_size, chain_keys
 
 BPT = 70_272
 KIMI = replace(

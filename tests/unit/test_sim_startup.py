@@ -1,4 +1,4 @@
-"""The simulator's start-up model: capacity.py agreement, failure verdicts, log lines, profiles."""
+"""The simulator's start-up model: capacity/calculus.py agreement, failure verdicts, log lines, profiles."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import capacity
+from tuner.capacity import calculus as capacity
 from tuner.errors import InputFileError
 from tuner.sglang.defaults import default_mem_fraction_static
 from tuner.sim.flags import parse_flags

@@ -8,11 +8,17 @@ import optuna
 import pytest
 import yaml
 
-from tuner import capacity as cap
-from tuner.launch import build_launch, flag_args, redact_argv, render_sglang_yaml, shown_command
-from tuner.precheck import Hardware, Knowledge, precheck, projected_tokens
-from tuner.space import canonical, distributions, fingerprint, sample, server_flags
-from tuner.studyfile import parse_study
+from tuner.capacity import calculus as cap
+from tuner.capacity.precheck import Hardware, Knowledge, precheck, projected_tokens
+from tuner.config.load import parse_study
+from tuner.search.space import canonical, distributions, fingerprint, sample, server_flags
+from tuner.server.launch import (
+    build_launch,
+    flag_args,
+    redact_argv,
+    render_sglang_yaml,
+    shown_command,
+)
 
 BASE = {"study": "s", "server": {"model-path": "m"}}
 
@@ -50,7 +56,7 @@ def test_conditional_param_sampled_only_when_active() -> None:
 
 
 def test_server_flags_drop_client_params_and_hicache_when_off() -> None:
-    from tuner.launch import effective_flags
+    from tuner.server.launch import effective_flags
 
     # the size stays in the trial's flags: HiCache on/off is settled over the whole flag set
     off = server_flags({"hicache-size": 0, "hicache-write-policy": "write_back", "concurrency": 64})
@@ -187,7 +193,7 @@ def test_launch_quotes_and_renders_like_sglang() -> None:
 
 
 def test_trial_zero_defaults_to_sglangs_own_defaults() -> None:
-    from tuner.space import sglang_defaults
+    from tuner.search.space import sglang_defaults
 
     c = cfg(
         {

@@ -1,6 +1,6 @@
 """storageretry: which errors are an outage, how long one is ridden out, and the writes that
 must stay right when a commit's acknowledgement is lost. A fake clock that sleep advances; the
-storage cases use a temp SQLite file (the class works on any URL, study.py uses it for servers)."""
+storage cases use a temp SQLite file (the class works on any URL, study/storage.py uses it for servers)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.trial import TrialState
 
-from tuner.storageretry import (
+from tuner.study.rdb import (
     DB_OUTAGE_S,
     RETRIED,
     WAIT_MAX_S,
@@ -77,7 +77,7 @@ def test_a_connection_error_is_retried_with_backoff_then_the_call_succeeds(
 ) -> None:
     o, clock = outage()
     fn = failing(5, refused())
-    with caplog.at_level(logging.WARNING, logger="tuner.storageretry"):
+    with caplog.at_level(logging.WARNING, logger="tuner.study.rdb"):
         assert o.call(fn) == 42
     assert clock.sleeps == [0.5, 1.0, 2.0, 4.0, 5.0]  # doubling from 0.5 s, at most 5 s
     assert o.down_since is None  # answered: the next outage gets its full bound

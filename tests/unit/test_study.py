@@ -11,16 +11,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tuner.capacity.precheck import Hardware
+from tuner.config.load import parse_study
 from tuner.errors import HostUnreachable, StudyMismatchError
-from tuner.lifecycle import ServerDeath, StartResult
-from tuner.metrics import RequestRecord, percentile
-from tuner.precheck import Hardware
-from tuner.results import best_trial, versus_runner_up
-from tuner.runner import TrialRunner
-from tuner.study import make_sampler, make_storage, open_study, storage_url
-from tuner.studyfile import parse_study
-from tuner.trial import CONSTRAINT_KEYS, Attr, is_feasible, named_constraints
-from tuner.tuning import Tuning
+from tuner.loadgen.metrics import RequestRecord, percentile
+from tuner.outcome import CONSTRAINT_KEYS, Attr, is_feasible, named_constraints
+from tuner.server.lifecycle import ServerDeath, StartResult
+from tuner.study.loop import Tuning
+from tuner.study.storage import make_sampler, make_storage, open_study, storage_url
+from tuner.trial.runner import TrialRunner
+from tuner.verdict.winner import best_trial, versus_runner_up
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -307,7 +307,7 @@ def test_probe_backs_off_when_the_slo_is_missed(tmp_path: Path) -> None:
 
 
 def test_status_rows_and_html_report(tmp_path: Path) -> None:
-    from tuner.report import trial_rows, write_html
+    from tuner.report.table import trial_rows, write_html
 
     cfg, study, server, tuning = setup(tmp_path)
     study.enqueue_trial({"mem-fraction-static": 0.96, "concurrency": 16})  # CUDA-graph OOM
@@ -343,7 +343,7 @@ def test_pareto_mode_keeps_the_front(tmp_path: Path) -> None:
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     front = study.best_trials
     assert front and all(len(t.values) == 2 for t in front)
-    from tuner.export import export_data
+    from tuner.report.export import export_data
 
     data = export_data(cfg, study)
     assert {p["trial"] for p in data["pareto_front"]} == {t.number for t in front}
@@ -351,7 +351,7 @@ def test_pareto_mode_keeps_the_front(tmp_path: Path) -> None:
 
 def test_a_sampler_whose_package_is_missing_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.errors import ConfigError
-    from tuner.study import make_sampler
+    from tuner.study.storage import make_sampler
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     with pytest.raises(ConfigError, match=r"sampler\.name: sampler gp needs the torch package"):
@@ -455,7 +455,7 @@ def test_confirmation_reruns_a_winner_inside_the_noise(
     assert sorted(len(v) for v in again.values()) == [1 + extra_rounds] * 2
 
 
-# --- latency tails: kept per run, pooled for the winner (pooled.py, confirmruns.py) ------------
+# --- latency tails: kept per run, pooled for the winner (verdict/tails.py, study/confirm.py) ------------
 
 
 def _tpot_load(tput: float, n: int, slow: int = 0, slow_ms: float = 80.0) -> Load:

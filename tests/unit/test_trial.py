@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tuner.config import ObjectiveSection
-from tuner.trial import (
+from tuner.config.schema import ObjectiveSection
+from tuner.outcome import (
     CONSTRAINT_KEYS,
     Attr,
     Status,

@@ -14,7 +14,6 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from tests.unit.test_study import STUDY, FakeServer, setup
-from tuner.callbacks import HaltOnRunaway
 from tuner.errors import (
     HostUnreachable,
     InfraRunaway,
@@ -22,10 +21,11 @@ from tuner.errors import (
     StudyBusyError,
     TrialTimeout,
 )
-from tuner.lifecycle import StartResult
-from tuner.trial import Attr, Status, named_constraints
-from tuner.watchdog import watchdog
-from tuner.worklock import WorkerLock, lock_path, marker_for
+from tuner.outcome import Attr, Status, named_constraints
+from tuner.server.lifecycle import StartResult
+from tuner.study.callbacks import HaltOnRunaway
+from tuner.study.worklock import WorkerLock, lock_path, marker_for
+from tuner.trial.watchdog import watchdog
 
 
 class DownServer(FakeServer):
@@ -306,7 +306,7 @@ def test_watchdog_is_disarmed_after_the_block() -> None:
 HOLD = """
 import sys, time
 from pathlib import Path
-from tuner.worklock import WorkerLock
+from tuner.study.worklock import WorkerLock
 with WorkerLock(Path(sys.argv[1]), "study 's' as worker 'w'"):
     print("held", flush=True)
     time.sleep(120)
@@ -372,7 +372,7 @@ def test_a_trial_killed_before_naming_its_worker(tmp_path: Path, claim: bool) ->
 
 
 def test_others_alive_sees_only_held_locks(tmp_path: Path) -> None:
-    from tuner.worklock import others_alive
+    from tuner.study.worklock import others_alive
 
     mine = lock_path(tmp_path, "a")
     with WorkerLock(mine, "a"):
@@ -384,7 +384,7 @@ def test_others_alive_sees_only_held_locks(tmp_path: Path) -> None:
 
 
 def test_a_trial_stopped_mid_way_says_so_in_the_status(tmp_path: Path) -> None:
-    from tuner.trialrows import trial_rows
+    from tuner.report.rows import trial_rows
 
     def interrupted(n: int) -> StartResult | None:
         if n == 1:

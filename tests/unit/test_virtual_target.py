@@ -12,19 +12,19 @@ import pytest
 import yaml
 
 from tuner.api import study_requests
-from tuner.config import StudyConfig
+from tuner.capacity.precheck import Hardware
+from tuner.config.load import parse_study
+from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, TrialTimeout
-from tuner.launch import build_launch
-from tuner.precheck import Hardware
-from tuner.runner import TrialRunner, score_load
+from tuner.outcome import Status
+from tuner.server.launch import build_launch
 from tuner.sglang.failures import FailureClass
 from tuner.sim.flags import parse_flags
 from tuner.sim.profile import load_profile
 from tuner.sim.startup import build_script
-from tuner.sim.virtual_server import VirtualClock, VirtualServer
-from tuner.sim.virtual_study import VirtualLoad, check_launch
-from tuner.studyfile import parse_study
-from tuner.trial import Status
+from tuner.sim.virtual.server import VirtualClock, VirtualServer
+from tuner.sim.virtual.study import VirtualLoad, check_launch
+from tuner.trial.runner import TrialRunner, score_load
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = ["{python}", "-m", "tuner.sim", "--sim-profile", "llama-3.1-8b-h100"]

@@ -15,12 +15,12 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from tests.unit.test_study import STUDY, FakeServer, make_runner
+from tuner.config.load import parse_study
 from tuner.errors import StudyBusyError
-from tuner.study import make_sampler, open_study
-from tuner.studyfile import parse_study
-from tuner.trial import Attr
-from tuner.tuning import Tuning
-from tuner.worklock import home_of
+from tuner.outcome import Attr
+from tuner.study.loop import Tuning
+from tuner.study.storage import make_sampler, open_study
+from tuner.study.worklock import home_of
 
 
 def _storage(path: Path, grace_s: int) -> RDBStorage:

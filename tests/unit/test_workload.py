@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import WorkloadSection
+from tuner.config.load import parse_study
+from tuner.config.schema import WorkloadSection
 from tuner.errors import ConfigError, InputFileError
-from tuner.studyfile import parse_study
-from tuner.workload import Request, requests_for
+from tuner.loadgen.workload import Request, requests_for
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tuner.check.lines import CheckLine, fail, ok, warn
 from tuner.check.probe import Probe, said
-from tuner.config import StudyConfig
+from tuner.config.load import load_study
+from tuner.config.schema import StudyConfig
 from tuner.errors import (
     ConfigError,
     HostTrustError,
@@ -20,8 +21,7 @@ from tuner.errors import (
     TunerError,
 )
 from tuner.hosts.ssh import SSHHost
-from tuner.studyfile import load_study
-from tuner.target import env_secret, host_for, is_local
+from tuner.server.target import env_secret, host_for, is_local
 
 #: commands timed for the round trip; the median is reported
 RTT_SAMPLES = 3
@@ -37,13 +37,13 @@ def study_file(path: str | Path) -> tuple[CheckLine, StudyConfig | None]:
         cfg = load_study(path)
         env_secret(cfg.target.api_key_env, "target.api_key_env", cfg.source)
         if cfg.storage:
-            from tuner.study import check_url
+            from tuner.study.storage import check_url
 
             check_url(cfg.storage, file=cfg.source, key="storage")
         if cfg.workload.dataset:
             # the dataset is read as `tune` reads it: a garbage file fails here, not at night
-            from tuner.studycheck import request_pool
-            from tuner.workload import requests_for
+            from tuner.config.validate import request_pool
+            from tuner.loadgen.workload import requests_for
 
             requests_for(cfg.workload, num_requests=request_pool(cfg))
     except TunerError as exc:

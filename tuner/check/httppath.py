@@ -3,7 +3,7 @@
 A short-lived listener (`python -m http.server`, bound where the server will bind: its `host`
 flag, SGLang's default 127.0.0.1) is started detached on the host on the study's port, serving
 an empty temp directory with one file holding a nonce; it is fetched through the endpoint the
-study will use (`target.endpoint_for`: directly, or an SSH tunnel), so the answer is known to be
+study will use (`server.target.endpoint_for`: directly, or an SSH tunnel), so the answer is known to be
 ours. The listener is stopped by its process group and its directory removed afterwards.
 """
 
@@ -18,11 +18,11 @@ import urllib.request
 from tuner.check.lines import CheckLine, fail, ok
 from tuner.check.probe import Probe
 from tuner.check.sglang import python_module
-from tuner.endpoint import Endpoint
 from tuner.errors import HostUnreachable, InfraError
 from tuner.hosts.base import group_pids_script, port_listen_script, quote_argv
+from tuner.server.endpoint import Endpoint
+from tuner.server.target import endpoint_for
 from tuner.sglang.flags import normalize_flags
-from tuner.target import endpoint_for
 
 #: how often the host polls the listener's port while it starts, and its group while it stops
 POLL_S = 0.1

@@ -11,12 +11,12 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from tuner import capacity as cap
+from tuner.capacity import calculus as cap
+from tuner.capacity.precheck import HOST_RAM_MARGIN, parse_meminfo
 from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.probe import Probe, said
 from tuner.check.spacefacts import model_path, ranks, values_of
 from tuner.errors import ConfigError, PortHeldError, SetupError
-from tuner.precheck import HOST_RAM_MARGIN, parse_meminfo
 
 GPU_QUERY = "--query-gpu=index,name,memory.total,memory.free"
 APPS_QUERY = "--query-compute-apps=pid,process_name,used_memory"
@@ -234,17 +234,17 @@ def port(p: Probe) -> CheckLine:
             f"{number} is held by a server an earlier `tuner tune` of this study left; "
             "tune stops it before its first trial",
         )
-    from tuner.preflight import port_held_error
+    from tuner.server.hostfacts import port_held_error
 
     return fail("port", str(port_held_error(p.host, number, lambda s: s)), PortHeldError)
 
 
 def _our_strays(p: Probe) -> set[int]:
     """PIDs of servers carrying this study's marker (default worker, `--runs-dir`)."""
-    from tuner.lifecycle import MARKER_VAR
-    from tuner.study import study_dir
-    from tuner.tuning import default_worker
-    from tuner.worklock import marker_for
+    from tuner.server.lifecycle import MARKER_VAR
+    from tuner.study.loop import default_worker
+    from tuner.study.storage import study_dir
+    from tuner.study.worklock import marker_for
 
     assert p.host is not None
     worker = default_worker(p.cfg.target.host)

@@ -15,9 +15,9 @@ from pathlib import Path
 from tuner.check import connect, httppath, machine, reading, sglang
 from tuner.check.lines import FAIL, CheckLine, fail, skip
 from tuner.check.probe import Deadlines, Probe
-from tuner.config import StudyConfig
+from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, InfraError, SetupError, TunerError
-from tuner.target import Launch
+from tuner.server.target import Launch
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.config import StudyConfig
+from tuner.config.schema import StudyConfig
 from tuner.hosts.base import CommandResult, Host, quote_argv
-from tuner.target import Launch
+from tuner.server.target import Launch
 
 
 @dataclass(frozen=True)

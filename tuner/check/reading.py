@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.capacity_analysis import CapacityInputs, analyze
+from tuner.capacity.analysis import CapacityInputs, analyze
+from tuner.capacity.models import load_model_config
 from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.spacefacts import largest, values_of
-from tuner.config import StudyConfig
+from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, TunerError
-from tuner.innertrial import inner_mode, trial_time_problem
-from tuner.modelcfg import load_model_config
 from tuner.sglang.defaults import default_mem_fraction_static
 from tuner.sglang.flags import normalize_flags
+from tuner.trial.inner import inner_mode, trial_time_problem
 
 
 def capacity_inputs(cfg: StudyConfig, model_config: dict[str, Any]) -> CapacityInputs:

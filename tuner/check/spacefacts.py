@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.config import StudyConfig
+from tuner.config.schema import StudyConfig
 from tuner.sglang.flags import canonical_flag
 
 

@@ -6,7 +6,7 @@ tuner's additions (p90s, errors, the server's own view from /metrics, the client
 
 It takes bench_serving's flag names for what it supports (`--base-url`, `--max-concurrency`,
 `--num-prompts`, `--dataset-name`, `--dataset-path`, `--random-input-len`, ...; its backend and
-dataset names: tuner.bench_names) beside tuner's own; a bench_serving option it does not
+dataset names: tuner.loadgen.names) beside tuner's own; a bench_serving option it does not
 support (`--tokenizer`, `--profile`, ...) is one line and exit 2, never silently ignored.
 """
 
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
-from tuner.bench_names import BACKEND_ALIASES, BACKEND_NAME, DATASET_KINDS, backend_kind, run_keys
 from tuner.commands.common import output_file
-from tuner.config import MAX_CONCURRENCY, WorkloadSection
+from tuner.config.schema import MAX_CONCURRENCY, WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable, InfraError
+from tuner.loadgen.names import BACKEND_ALIASES, BACKEND_NAME, DATASET_KINDS, backend_kind, run_keys
 
 if TYPE_CHECKING:
     from tuner.loadgen import LoadOptions
-    from tuner.workload import Request
+    from tuner.loadgen.workload import Request
 
 #: bench_serving's --num-prompts default, when neither a count nor a duration is given
 _DEFAULT_NUM_REQUESTS = 1000
@@ -221,7 +221,7 @@ def _url(args: argparse.Namespace) -> str:
 def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], LoadOptions]:
     """Command-line values -> (workload, requests, options); bad values raise ConfigError."""
     from tuner.loadgen import load_options
-    from tuner.workload import requests_for
+    from tuner.loadgen.workload import requests_for
 
     args.url = _url(args)
     _check_url(args.url, args.typed.get("url") or "--url")
@@ -264,7 +264,7 @@ def _check_url(url: str, flag: str = "--url") -> None:
 
 def _check_size(w: WorkloadSection, pool: int, args: argparse.Namespace) -> None:
     """The request list is built in memory before the run: bound its tokens."""
-    from tuner.studycheck import MAX_POOL_TOKENS
+    from tuner.config.validate import MAX_POOL_TOKENS
 
     n = w.num_requests or pool
     per = {"shared-prefix": w.prefix_len + w.question_len, "multi-turn": w.input_len * w.turns}
@@ -353,7 +353,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSection:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.loadgen import run_load_sync
-    from tuner.studyload import refill_for
+    from tuner.loadgen.plan import refill_for
 
     w, requests, options = _plan(args)
     more = refill_for(w)
@@ -385,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.json:
-        from tuner.export import write_text
+        from tuner.report.export import write_text
 
         write_text(Path(args.json), json.dumps(out, indent=2) + "\n")
     if args.output_file:

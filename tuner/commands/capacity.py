@@ -148,12 +148,12 @@ def _check_observed(args: argparse.Namespace, bytes_per_token: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.capacity_analysis import CapacityInputs, analyze
+    from tuner.capacity.analysis import CapacityInputs, analyze
+    from tuner.capacity.models import load_model_config
     from tuner.errors import ModelConfigError
-    from tuner.modelcfg import load_model_config
 
     _check(args)
-    from tuner.yamlfile import special_file
+    from tuner.config.yamlfile import special_file
 
     path = Path(args.model_config).expanduser()
     for candidate in (path / "config.json",) if path.is_dir() else (path,):
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        from tuner.capacity_tables import render_capacity
+        from tuner.capacity.tables import render_capacity
 
         render_capacity(report, inputs)
     return 0

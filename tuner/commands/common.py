@@ -10,11 +10,11 @@ import argparse
 import os
 from pathlib import Path
 
-from tuner.config import StudyConfig
+from tuner.config.load import load_study
+from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError
-from tuner.studyfile import load_study
 
-#: the first bytes of every SQLite database (tuner.study.SQLITE_MAGIC; optuna stays unimported)
+#: the first bytes of every SQLite database (tuner.study.storage.SQLITE_MAGIC; optuna stays unimported)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: what tuner keeps in runs/<study>/ (folders, files): never a command's `-o`, except the
 #: command's own output there (export: best.yaml, report: report.html)
@@ -85,7 +85,7 @@ def guard_output(args: argparse.Namespace, cfg: StudyConfig, *, own: str) -> Non
     runs/<study>/, except `own`, the file this command itself writes there."""
     if args.output is None:
         return
-    from tuner.study import storage_url, study_dir
+    from tuner.study.storage import storage_url, study_dir
 
     out = args.output.resolve()
 

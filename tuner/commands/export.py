@@ -28,24 +28,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.study import existing_study
+    from tuner.study.storage import existing_study
 
     cfg = load(args)
     guard_output(args, cfg, own="best.yaml")
     study = existing_study(cfg, args.runs_dir, args.storage)
     if args.format == "csv":
-        from tuner.trialrows import trial_rows, trials_csv
+        from tuner.report.rows import trial_rows, trials_csv
 
         text = trials_csv(cfg, trial_rows(cfg, study))
     else:
-        from tuner.export import export_data, render
+        from tuner.report.export import export_data, render
 
         data = export_data(cfg, study)
         for warning in data.get("warnings", ()):  # also in the YAML header and the JSON
             print(f"tuner export: warning: {warning}", file=sys.stderr)
         text = render(data, args.format)
     if args.output:
-        from tuner.export import write_text
+        from tuner.report.export import write_text
 
         # newline="": the CSV's CRLF line ends stay as RFC 4180 has them
         write_text(args.output, text, newline="")

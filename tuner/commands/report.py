@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.report import write_html
-    from tuner.study import existing_study
+    from tuner.report.table import write_html
+    from tuner.study.storage import existing_study
 
     cfg = load(args)
     guard_output(args, cfg, own="report.html")

@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tuner.results import best_trial, held_note
-    from tuner.study import existing_study
-    from tuner.trialrows import metric_unit, param_text, table_width, trial_rows, trials_table
+    from tuner.report.rows import metric_unit, param_text, table_width, trial_rows, trials_table
+    from tuner.study.storage import existing_study
+    from tuner.verdict.winner import best_trial, held_note
 
     cfg = load(args)
     study = existing_study(cfg, args.runs_dir, args.storage)

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tuner.commands.common import add_study_args, load
-from tuner.config import MAX_TRIALS, parse_duration
+from tuner.config.schema import MAX_TRIALS, parse_duration
 from tuner.errors import ConfigError
 
 
@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tuner.api import Events, tune
-    from tuner.live import display_for
-    from tuner.notify import notify_for
+    from tuner.watch.live import display_for
+    from tuner.watch.notify import notify_for
 
     cfg = load(args)
     n_trials, timeout = _budget(args, cfg)
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     make_seams = None
     if args.virtual:
-        from tuner.sim.virtual_study import virtual_seams
+        from tuner.sim.virtual.study import virtual_seams
 
         make_seams = virtual_seams(cfg.sampler.seed if args.seed is None else args.seed)
     try:
@@ -227,8 +227,8 @@ def _notify(
     **kw: Any,
 ) -> None:
     """Send the run's summary; a notification that fails is one line, never the run's fate."""
-    from tuner.notify import send
-    from tuner.runsummary import exit_code_of, message_of, readable_study, run_summary
+    from tuner.watch.notify import send
+    from tuner.watch.summary import exit_code_of, message_of, readable_study, run_summary
 
     if exc is not None:
         study = readable_study(cfg, args.runs_dir, args.storage)

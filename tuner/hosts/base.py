@@ -1,4 +1,4 @@
-"""The `Host` seam: what lifecycle.py needs from the machine that runs SGLang.
+"""The `Host` seam: what server/lifecycle.py needs from the machine that runs SGLang.
 
 Two implementations (LocalHost, SSHHost) pass one contract suite
 (tests/integration/test_hosts_contract.py). Both speak the same POSIX shell: `ShellHost` builds

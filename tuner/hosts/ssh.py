@@ -26,10 +26,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from tuner.config import SSHSection
+from tuner.config.schema import SSHSection
+from tuner.config.yamlfile import special_file
 from tuner.errors import CommandTimeout, ConfigError, HostTrustError, HostUnreachable, InfraError
 from tuner.hosts.base import CommandResult, ShellHost
-from tuner.yamlfile import special_file
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _D = SSHSection()
 class SSHOptions:
     """How to reach and trust one SSH host (the study file's `target.ssh` section, plus the host).
 
-    The fields mirror `config.SSHSection` (where each is documented) and take their defaults
+    The fields mirror `config.schema.SSHSection` (where each is documented) and take their defaults
     from it; `ssh_config` None there means ~/.ssh/config, "" means none.
     """
 

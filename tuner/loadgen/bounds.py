@@ -15,7 +15,7 @@ and T the request timeout (`request_timeout_s`, always the ceiling):
     each /metrics scrape (before, after)             SCRAPE_S (after: skipped when unresponsive)
 
 "unresponsive" only says the server may have hung: whoever ran the load asks /health before
-calling it a hang (tuner/runner.py). A run against a server that stops answering entirely
+calling it a hang (tuner/trial/runner.py). A run against a server that stops answering entirely
 returns within `Bounds.total_s`:
 lookup + warm-up + flush + 2 scrapes + (W, or the stall for a count-bounded run) + SLACK_S.
 A warm-up the server answered nothing to ends the run at once as "unresponsive" (no timed run).

@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 
+from tuner.loadgen.metrics import RequestRecord, Samples, parse_prometheus
 from tuner.loadgen.options import LoadOptions
-from tuner.metrics import RequestRecord, Samples, parse_prometheus
-from tuner.workload import Request
+from tuner.loadgen.workload import Request
 
 _COMPLETION_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _PROMPT_RE = re.compile(rb'"prompt_tokens":\s*(\d+)')

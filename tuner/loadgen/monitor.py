@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 import time
 
+from tuner.loadgen.metrics import percentile
 from tuner.loadgen.options import LoadOptions
 from tuner.loadgen.result import SelfCheck
-from tuner.metrics import percentile
 
 _LAG_TICK_S = 0.02
 #: the self-check of a run that never started its timed part (nothing to judge)

@@ -1,6 +1,6 @@
 """How a load run sends: `LoadOptions`, built mechanically from the study file's workload section.
 
-Every default and every user-facing check of these options is `config.WorkloadSection`'s; this
+Every default and every user-facing check of these options is `config.schema.WorkloadSection`'s; this
 module only adds what a run decides (concurrency, a searched request rate, the API key, the
 self-check's lag limit) and the client's own knobs, which no study sets.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tuner.config import MAX_CONCURRENCY, WorkloadSection
+from tuner.config.schema import MAX_CONCURRENCY, WorkloadSection
 
 #: the self-check's event-loop lag limit for a one-off run (`tuner bench`); a study passes its own
 MAX_LOOP_LAG_MS = 50.0

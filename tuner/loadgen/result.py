@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.loadgen.metrics import Metrics, RequestRecord, ServerView, bench_serving_json, summarize
 from tuner.loadgen.options import LoadOptions
-from tuner.metrics import Metrics, RequestRecord, ServerView, bench_serving_json, summarize
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ import aiohttp
 from tuner.errors import ConfigError, HostUnreachable, TrialTimeout
 from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, send_one
+from tuner.loadgen.metrics import RequestRecord
 from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import LoadOptions
 from tuner.loadgen.result import LoadProgress, LoadResult
 from tuner.loadgen.timed import Refill, TimedRun
-from tuner.metrics import RequestRecord
-from tuner.workload import Request
+from tuner.loadgen.workload import Request
 
 if TYPE_CHECKING:
     from rich.progress import Progress

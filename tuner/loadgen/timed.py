@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, make_record, send_one
+from tuner.loadgen.metrics import RequestRecord, Samples, server_view, total
 from tuner.loadgen.monitor import LagMonitor, self_check
 from tuner.loadgen.options import MIN_ERRORS, LoadOptions
 from tuner.loadgen.result import LoadProgress, LoadResult
-from tuner.metrics import RequestRecord, Samples, server_view, total
-from tuner.workload import Request
+from tuner.loadgen.workload import Request
 
 if TYPE_CHECKING:
     from rich.progress import Progress

@@ -34,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parse_flags(args)
         # after the parse: `--help` (which `tuner check` and `tuner tune` read) needs no server
         from tuner.sim.bootstrap import build_engine
+        from tuner.sim.http.server import SimServer
         from tuner.sim.profile import load_profile
-        from tuner.sim.realtime import SimServer
         from tuner.sim.startup import build_script
 
         profile = load_profile(ns.sim_profile)

@@ -58,8 +58,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.config.yamlfile import special_file
 from tuner.errors import InputFileError
-from tuner.yamlfile import special_file
 
 START_KINDS = ("crash-start", "hang-start", "slow-start")
 LOAD_KINDS = ("crash-load", "hang-load")

@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from tuner.configbase import MAX_INT
+from tuner.config.base import MAX_INT
+from tuner.config.yamlfile import special_file
 from tuner.errors import InputFileError
 from tuner.sglang.flags import (
     DEFAULT_VERSION,
@@ -42,7 +43,6 @@ from tuner.sglang.flags import (
 )
 from tuner.sim.faults import add_fault_flags
 from tuner.sim.profile import resolve_profile_path
-from tuner.yamlfile import special_file
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
 DEFAULT_STARTUP_SECONDS = 1.5

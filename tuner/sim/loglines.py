@@ -9,7 +9,7 @@ trailing comma.
 
 from __future__ import annotations
 
-from tuner.sim.oaishapes import newer
+from tuner.sim.http.oaishapes import newer
 
 #: SGLang's torch dtype of the KV cache per `--kv-cache-dtype` (auto: the model's dtype)
 KV_TORCH_DTYPE = {

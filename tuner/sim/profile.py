@@ -204,7 +204,7 @@ def load_profile(name_or_path: str) -> Profile:
     timing = raw.get("timing") or {}
     if not isinstance(timing, dict):
         raise InputFileError(file, "timing: expected a mapping")
-    from tuner.sim.timing import StepTimeModel  # the engine's own parser: one set of rules
+    from tuner.sim.engine.timing import StepTimeModel  # the engine's own parser: one set of rules
 
     try:
         StepTimeModel.from_mapping(timing)

@@ -25,8 +25,8 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from tuner import capacity
-from tuner.capacity import GB, GIB
+from tuner.capacity import calculus as capacity
+from tuner.capacity.calculus import GB, GIB
 from tuner.sglang.defaults import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
 from tuner.sglang.flags import DEFAULT_VERSION
 from tuner.sim import loglines

@@ -7,7 +7,7 @@ guarantees (README, "The simulator's tokenizer"):
   common English words (` the`, ` of`, ...), one token each in real BPE tokenizers too, so the
   generated text retokenizes to the count the server reported, here and on a real tokenizer.
   Other ids decode to `w<id>` words, which encode back to the same id.
-* Text the tuner writes for synthetic prompts (`w<id>` words, workload.py) counts one token per
+* Text the tuner writes for synthetic prompts (`w<id>` words, loadgen/workload.py) counts one token per
   word, the length the workload asked for.
 * Other text is split as byte-level BPE pre-tokenizers split it (letter runs, digit groups of at
   most 3, each punctuation mark apart; a long letter run counts one token per 8 letters), so prose

@@ -1,0 +1,46 @@
+"""Model configs: a Hugging Face config.json by path, or one shipped in tuner/model_configs by name."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tuner.config.yamlfile import special_file
+from tuner.errors import InputFileError
+
+
+def shipped_model_configs() -> list[str]:
+    """Names of the config.json excerpts that ship with tuner (facts, not downloads)."""
+    folder = resources.files("tuner") / "model_configs"
+    return sorted(
+        p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
+    )
+
+
+def load_model_config(name_or_path: str) -> dict[str, Any]:
+    """Read a config.json (a path, a directory holding one, or a shipped name like `kimi-k2.5`)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        shipped = resources.files("tuner") / "model_configs" / f"{name_or_path}.json"
+        if shipped.is_file():
+            return json.loads(shipped.read_text())
+        names = ", ".join(shipped_model_configs())
+        raise InputFileError(str(name_or_path), f"no such file (or shipped model config: {names})")
+    special = special_file(path)
+    if special:
+        raise InputFileError(str(path), special)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputFileError(str(path), f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+    except OSError as exc:
+        raise InputFileError(str(path), f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputFileError(str(path), "not UTF-8 text (a Hugging Face config.json is)") from None
+    if not isinstance(data, dict):
+        raise InputFileError(str(path), "expected a JSON object (a Hugging Face config.json)")
+    return data

@@ -1,0 +1,302 @@
+"""Before a restart: reject what certainly cannot start, with a reason. Pure.
+
+Knowledge grows during a study: the first successful start calibrates the KV pool (tokens at an
+mfs), every CUDA-graph capture failure marks the mfs above which the same memory flags fail, a
+"Not enough memory" start the mfs at or below which they fail, and a death under load (a prefill
+out of memory) at mfs m and concurrency c that higher m with the same flags, or with a larger
+chunked-prefill-size, dies at c or more (less headroom, prefills no smaller). Only certain
+failures are rejected; anything doubtful is left to measurement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tuner.capacity import calculus as cap
+from tuner.server.launch import effective_flags
+from tuner.sglang.flags import normalize_flags
+
+#: host RAM kept back beyond SGLang's own 10 GiB reserve, for the server's other processes
+#: (tokenizer, detokenizer, the Python heap) which the reserve does not cover
+HOST_RAM_MARGIN = 0.05
+
+#: flags that change how much GPU memory is left besides the KV pool: a CUDA-graph failure only
+#: predicts another when all of these are equal
+#: (canonical names: flags are read through SGLang's aliases, so `tp: 8` is TP 8)
+MEMORY_FLAGS = (
+    "tensor-parallel-size",
+    "data-parallel-size",
+    "pipeline-parallel-size",
+    "cuda-graph-max-bs",
+    "cuda-graph-bs",
+    "disable-cuda-graph",
+    "chunked-prefill-size",
+    "max-prefill-tokens",
+    "max-running-requests",
+    "kv-cache-dtype",
+    "page-size",
+    "context-length",
+    "quantization",
+    "enable-dp-attention",
+    "max-total-tokens",
+    "model-path",
+)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the pre-check knows of the host (any part may be unknown)."""
+
+    bytes_per_token: int | None = None
+    gpu_mem_mib: float | None = None
+    host_ram_gb: float | None = None
+    #: weights and everything else outside the KV pool (GiB per GPU), until a start calibrates it
+    weights_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    """What earlier trials taught: one pool calibration, and CUDA-graph failures by memory key."""
+
+    calibration: tuple[int, float] | None = None  # (max_total_num_tokens, mfs) seen on a real start
+    graph_failures: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
+    #: (memory key, mfs, trial): "Not enough memory" there, so at any lower mfs too
+    floors: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
+    #: (memory key, mfs, concurrency, trial): died under load there
+    deaths: tuple[tuple[tuple, float, int, int], ...] = field(default_factory=tuple)
+    #: ((TP, DP), hicache-size, trial): the host could not pin that much per rank, nor more
+    host_failures: tuple[tuple[tuple[int, int], float, int], ...] = field(default_factory=tuple)
+
+    def with_start(self, tokens: int, mfs: float) -> Knowledge:
+        return self if self.calibration else replace(self, calibration=(tokens, mfs))
+
+    def _with(self, name: str, entry: tuple) -> Knowledge:
+        """`entry` added to the field `name`; each entry names its trial, so the same trial
+        learned twice (live, then recalled from the study: `trial.learning.recalled`) is one entry."""
+        known = getattr(self, name)
+        return self if entry in known else replace(self, **{name: (*known, entry)})
+
+    def with_graph_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
+        return self._with("graph_failures", (memory_key(flags), _mfs(flags), trial))
+
+    def with_floor(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
+        return self._with("floors", (memory_key(flags), _mfs(flags), trial))
+
+    def with_death(self, flags: Mapping[str, Any], concurrency: int, trial: int) -> Knowledge:
+        return self._with("deaths", (memory_key(flags), _mfs(flags), int(concurrency), trial))
+
+    def with_host_failure(self, flags: Mapping[str, Any], trial: int) -> Knowledge:
+        size = effective_flags(flags).get("hicache-size")
+        if not size or isinstance(size, bool):
+            return self
+        return self._with("host_failures", (parallel_sizes(flags), float(size), trial))
+
+    def death_cap(self, flags: Mapping[str, Any]) -> int | None:
+        """The lowest concurrency at which a server no sturdier than this one died under load
+        (`dies_no_later`), or None."""
+        key, mfs = memory_key(flags), _mfs(flags)
+        caps = [c for k, m, c, _ in self.deaths if dies_no_later(k, m, key, mfs)]
+        return min(caps) if caps else None
+
+
+def dies_no_later(died_key: tuple, died_mfs: float, key: tuple, mfs: float) -> bool:
+    """Does a death under load with memory flags `died_key` at `died_mfs` say that a server with
+    `key` at `mfs` dies at that concurrency or less? Yes when it has no more headroom (mfs no
+    lower) for prefills no smaller: every other memory flag equal, and a chunked-prefill-size
+    no smaller (the activations a prefill batch needs grow with it; the memory left after start
+    does not depend on it). -1 (no chunking) and SGLang's default are compared only as equal."""
+    if mfs < died_mfs:
+        return False
+    if key == died_key:
+        return True
+    died, this = dict(died_key), dict(key)
+    name = "chunked-prefill-size"
+    if {k: v for k, v in died.items() if k != name} != {k: v for k, v in this.items() if k != name}:
+        return False
+    try:
+        died_chunk, chunk = int(died[name]), int(this[name])
+    except (TypeError, ValueError):  # "None": SGLang picks the size by GPU, unknown here
+        return False
+    return 0 < died_chunk <= chunk
+
+
+def _mfs(flags: Mapping[str, Any]) -> float:
+    return float(normalize_flags(flags).get("mem-fraction-static") or 0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    feasible: bool
+    reason: str = ""
+    kind: str = ""  # failure class, as the server would have reported it
+
+
+def memory_key(flags: Mapping[str, Any]) -> tuple:
+    canonical = normalize_flags(flags)
+    return tuple((k, str(canonical.get(k))) for k in MEMORY_FLAGS)
+
+
+def parallel_sizes(flags: Mapping[str, Any]) -> tuple[int, int]:
+    """(TP, DP) as SGLang reads the flags (any alias or unique prefix of their names)."""
+    canonical = normalize_flags(flags)
+    tp = int(canonical.get("tensor-parallel-size") or 1)
+    dp = int(canonical.get("data-parallel-size") or 1)
+    return tp, dp
+
+
+def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> int | None:
+    """Pool size at this mfs, or None when it cannot be known yet.
+
+    The fixed part (weights and the rest) comes from a real start when one was seen, else from
+    `hardware.weights_gib`, a lower bound: the real pool can only be smaller.
+    """
+    mfs = flags.get("mem-fraction-static")
+    if mfs is None or not hw.gpu_mem_mib or not hw.bytes_per_token:
+        return None
+    free0 = hw.gpu_mem_mib * cap.MIB
+    if know.calibration is not None:
+        tokens, at_mfs = know.calibration
+        fixed = cap.calibrate_fixed_bytes(tokens, at_mfs, free0, hw.bytes_per_token)
+    elif hw.weights_gib is not None:
+        fixed = int(hw.weights_gib * cap.GIB)
+    else:
+        return None
+    return cap.pool_tokens(float(mfs), free0, fixed, hw.bytes_per_token)
+
+
+#: what the calibration cannot see: the CUDA context (0.4-1 GiB) sits in the GPU memory the
+#: study states but not in what SGLang finds free, so a projection drifts by delta-mfs x this
+CONTEXT_SLACK_BYTES = cap.GIB
+
+
+def device_floor(mfs: float, tokens: int | None, bytes_per_token: int, know: Knowledge) -> int:
+    """A pool the server will surely have at `mfs`, for the rule "host pool larger than the
+    device pool": a rejection on an over-estimate would be a false cliff. Only a real start
+    (the calibration) gives one, less the drift of the CUDA context; weights alone give an upper
+    bound (nothing else counted), so no floor (0)."""
+    if tokens is None or know.calibration is None:
+        return 0
+    drift = abs(mfs - know.calibration[1]) * CONTEXT_SLACK_BYTES / bytes_per_token
+    return max(0, int(tokens - drift))
+
+
+def precheck(
+    flags: Mapping[str, Any], hw: Hardware, know: Knowledge, concurrency: int | None = None
+) -> Verdict:
+    """Judge the full flag set (fixed + trial's) before spending a restart on it; `concurrency`:
+    the least the trial will load it with (None: unknown, deaths under load are not judged)."""
+    # what the server is launched with: `mem-frac` is --mem-fraction-static, and HiCache is on
+    # exactly when the launch turns it on (hicache-size decides, fixed or searched)
+    flags = effective_flags(flags)
+    mfs = flags.get("mem-fraction-static")
+    if mfs is not None and (learned := _learned(flags, float(mfs), know, concurrency)):
+        return learned
+    tokens = projected_tokens(flags, hw, know)
+    if tokens is not None and tokens <= 0:
+        return Verdict(
+            False,
+            f"mem-fraction-static {float(mfs):g} leaves no KV pool (projected {tokens} tokens)",
+            "not_enough_memory",
+        )
+    size = flags.get("hicache-size")
+    if not size:
+        return Verdict(True)
+    tp, dp = parallel_sizes(flags)
+    for ranks, failed, trial in know.host_failures:
+        if ranks == (tp, dp) and float(size) >= failed:
+            return Verdict(
+                False,
+                f"hicache-size {size} >= {failed:g}, which the host could not pin for "
+                f"{tp * dp} rank(s) (trial {trial}: not enough host memory available)",
+                "host_memory",
+            )
+    host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
+    if hw.bytes_per_token:
+        device = device_floor(float(mfs or 0), tokens, hw.bytes_per_token, know)
+        v = cap.hicache_verdict(float(size), hw.bytes_per_token, device, host, tp, dp)
+        if not v.feasible:
+            kind = "host_memory" if "host RAM" in v.reason or "exceeds" in v.reason else "crashed"
+            return Verdict(False, f"hicache-size {size}: {v.reason}", kind)
+    elif host is not None and (problem := hicache_ram_problem(float(size), host, tp, dp)):
+        # without the model's bytes per token only the host-RAM half of the rule is known
+        return Verdict(False, f"hicache-size {size}: {problem}", "host_memory")
+    return Verdict(True)
+
+
+def _learned(
+    flags: Mapping[str, Any], mfs: float, know: Knowledge, concurrency: int | None
+) -> Verdict | None:
+    """What earlier failures with the same memory flags say of this mfs, or None."""
+    key = memory_key(flags)
+    for failed_key, failed_mfs, trial in know.graph_failures:
+        if failed_key == key and mfs >= failed_mfs:
+            return Verdict(
+                False,
+                f"mem-fraction-static {mfs:g} >= {failed_mfs:g}, which failed CUDA-graph "
+                f"capture with the same memory flags (trial {trial})",
+                "oom_cuda_graph",
+            )
+    for failed_key, failed_mfs, trial in know.floors:
+        if failed_key == key and mfs <= failed_mfs:
+            return Verdict(
+                False,
+                f"mem-fraction-static {mfs:g} <= {failed_mfs:g}, which had not enough memory "
+                f"for the KV pool with the same memory flags (trial {trial})",
+                "not_enough_memory",
+            )
+    for failed_key, failed_mfs, died_at, trial in know.deaths:
+        if not (concurrency and concurrency >= died_at):
+            continue
+        if dies_no_later(failed_key, failed_mfs, key, mfs):
+            same = "the same memory flags" if failed_key == key else _smaller_chunk(failed_key)
+            return Verdict(
+                False,
+                f"mem-fraction-static {mfs:g} >= {failed_mfs:g} at concurrency {concurrency} >= "
+                f"{died_at}: the server died under load there with {same} and "
+                f"workload (trial {trial})",
+                "oom_runtime",
+            )
+    return None
+
+
+def _smaller_chunk(key: tuple) -> str:
+    chunk = dict(key)["chunked-prefill-size"]
+    return f"chunked-prefill-size {chunk} (smaller) and the same other memory flags"
+
+
+def hicache_ram_problem(size_gb: float, host_ram_bytes: float, tp: int, dp: int) -> str | None:
+    """Why `--hicache-size size_gb` cannot fit in host RAM for TP x DP ranks; None if it fits.
+
+    Every rank allocates the full size (sglang-reference section 3), so the limit is per rank.
+    """
+    limit = cap.max_hicache_gb_per_rank(host_ram_bytes, tp, dp)
+    if size_gb <= limit:
+        return None
+    ranks = tp * dp
+    return (
+        f"{ranks} ranks x {size_gb:g} GB = {ranks * size_gb:,.0f} GB of pinned host RAM; the "
+        f"host has {host_ram_bytes / cap.GB:.0f} GB (largest that fits: {limit} GB per rank)"
+    )
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo -> field -> bytes (its kB are KiB)."""
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def with_available_ram(hw: Hardware, total: int, available: int) -> Hardware:
+    """The host RAM HiCache sizes are judged by: MemAvailable now (bytes) less HOST_RAM_MARGIN
+    of MemTotal, as `tuner check` computes it; never more than hardware.host_ram_gb says.
+    What other tenants (or a page cache that will not shrink) hold is not the server's."""
+    usable = max(0.0, (available - HOST_RAM_MARGIN * total) / cap.GB)
+    if hw.host_ram_gb is not None and hw.host_ram_gb <= usable:
+        return hw
+    return replace(hw, host_ram_gb=usable)

@@ -1,0 +1,469 @@
+"""Two-level search: which studies find concurrency on the running server, and one trial's
+inner search on a `TrialRunner` (load runs -> points -> one outcome).
+
+`space.concurrency.search` chooses:
+
+- `inner`: the sampler proposes server configurations only (`sampled_space` drops
+  concurrency); each server that starts gets `search.inner.search` over concurrency, a few load
+  runs and never a restart. The trial's value is its point that the study's curve pooled over
+  its servers ranks best (search/curve.py), as measured; every point is kept
+  (`Attr.LOAD_POINTS`, `trials/<n>/points.json`) and the winner's concurrency is the trial's
+  `Attr.CLIENT`, which confirmation re-runs and the export recommends.
+- `joint`: concurrency is one more sampled parameter (with concurrency probes), as before.
+
+Unset, a log or linear concurrency range searches `DEFAULT_SEARCH`; a list of choices, a
+client-side request rate (`workload.request_rate` or a searched `request-rate`), a Pareto
+objective, a concurrency under `when:` and a space of concurrency alone keep `joint`. A study
+without concurrency in its space runs at `workload.concurrency` (uncapped under a request rate:
+loadgen/plan.py). The search runs only the range's points (`step`); the baseline's concurrency is
+where trial 0's search starts (`InnerSearch.start_next`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.config.schema import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
+from tuner.loadgen.workload import Request, request_pool, requests_for
+from tuner.outcome import (
+    POOL_ATTR,
+    Attr,
+    Status,
+    TrialOutcome,
+    is_feasible,
+    metric_attrs,
+    objective_values,
+)
+from tuner.search.curve import fit, narrowed
+from tuner.search.inner import Bounds, Point, knee, search, start_at
+from tuner.sglang.failures import FailureClass
+from tuner.verdict.odds import exceed_odds
+from tuner.verdict.tails import SLO_MARGIN
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+#: the mode of a concurrency range whose `search:` is unset (from tests/bench/bench_search.py)
+DEFAULT_SEARCH = "inner"
+NAME = "concurrency"
+#: a point is not started when less than this many times the last point's time is left
+TIME_MARGIN = 1.2
+LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
+#: a point is clear of its p99 limits only when fewer than 1% of its requests beyond them is
+#: at least this likely (holdodds.exceed_odds, under 0.5 only where more than 1% were beyond:
+#: 3 of 297 beyond gives 0.45; 2 of 297 is no more than a p99 lets past)
+EXCEED_CLEAR = 0.5
+
+
+def search_mode(cfg: StudyConfig) -> str:
+    """`inner`, `joint`, or `fixed` (concurrency is not searched)."""
+    spec = cfg.space.get(NAME)
+    if spec is None:
+        return "fixed"
+    if spec.search:
+        return spec.search
+    rate = cfg.workload.request_rate is not None or "request-rate" in cfg.space
+    alone = all(k in CLIENT_PARAMS for k in cfg.space)  # one server: nothing to sample above it
+    if spec.choices is not None or rate or cfg.objective.pareto_latency or spec.when or alone:
+        return "joint"
+    return DEFAULT_SEARCH
+
+
+def inner_mode(cfg: StudyConfig) -> bool:
+    return search_mode(cfg) == "inner"
+
+
+def sampled_space(cfg: StudyConfig) -> dict[str, ParamSpec]:
+    """What the sampler proposes: the space, less concurrency when the inner search finds it."""
+    if inner_mode(cfg):
+        return {k: v for k, v in cfg.space.items() if k != NAME}
+    return dict(cfg.space)
+
+
+#: a duration-bound load run takes its window plus warm-up, cache flush and the cut's drain:
+#: about this share of the window more, and this many seconds (measured on the simulator)
+RUN_OVERHEAD = 0.1
+RUN_OVERHEAD_S = 5.0
+
+
+def trial_time_problem(cfg: StudyConfig) -> str | None:
+    """A warning when budget.trial_timeout cannot hold the inner search's load runs (the search
+    then stops at the deadline with fewer points than budget.inner_runs); None when it can or
+    when the runs' length is not known (a request-count bound)."""
+    window = cfg.workload.duration_s
+    if not inner_mode(cfg) or window is None:
+        return None
+    runs, limit = cfg.budget.inner_runs, float(cfg.budget.trial_timeout)
+    each = window * (1 + RUN_OVERHEAD) + RUN_OVERHEAD_S
+    if runs * each <= limit:
+        return None
+    fits = max(1, int(limit // each))
+    return (
+        f"budget.trial_timeout {limit:g} s holds about {fits} of the inner search's "
+        f"{runs} load runs (budget.inner_runs; ~{each:.0f} s each with a {window:g} s window), "
+        f"before counting the server's start: each server would be searched with fewer points. "
+        f"Raise budget.trial_timeout to at least {runs * each:.0f} s plus the start-up time, "
+        "or lower budget.inner_runs"
+    )
+
+
+def mode_problem(cfg: StudyConfig) -> tuple[str, str] | None:
+    """(key, why) when `search:` is set where it cannot work; None when it is fine."""
+    for name, spec in cfg.space.items():
+        if spec.search and name != NAME:
+            return f"space.{name}.search", "only concurrency (a client-side knob) takes search:"
+    if inner_mode(cfg):
+        for name, spec in cfg.space.items():
+            if NAME in (spec.when or {}):
+                return f"space.{name}.when", (
+                    f"cannot depend on {NAME}: the inner search finds it on the running server, "
+                    "after the flags are chosen (or set space.concurrency.search: joint)"
+                )
+    spec = cfg.space.get(NAME)
+    if spec is None or spec.search != "inner":
+        return None
+    key = f"space.{NAME}.search"
+    if spec.choices is not None or spec.kind != "int":
+        return key, "inner needs an integer range (low, high), not choices"
+    if spec.when:
+        return key, "inner needs concurrency searched on every server (no when:)"
+    if cfg.workload.request_rate is not None or "request-rate" in cfg.space:
+        return key, "inner searches a closed loop's concurrency; with a request rate use joint"
+    if cfg.objective.pareto_latency:
+        return key, "inner keeps the best throughput; with objective.pareto_latency use joint"
+    return None
+
+
+def mean_length(length: int, w: WorkloadSection) -> float:
+    """The mean of the lengths `loadgen.workload.sample_length` draws around `length`."""
+    if w.length_dist == "fixed":
+        return float(length)
+    if w.length_dist == "lognormal":  # median `length`, clipped to [1, 4 L]
+        return min(length * math.exp(w.lognormal_sigma**2 / 2), 4.0 * length)
+    return (max(int(length * w.range_ratio), 1) + length) / 2
+
+
+def request_tokens(
+    w: WorkloadSection, requests: Sequence[Request] | None = None, answer: float = 0.5
+) -> tuple[float, float]:
+    """(tokens a running request holds on average, the share of them a shared prefix holds
+    once): prompt plus half the answer, which is what fills the pool in steady state (`answer`:
+    the share of the answer counted; 1.0 for a request at its full length). The lengths are the
+    ones tuner.loadgen.workload builds; a dataset's are its list's (`requests`)."""
+    if w.kind in ("sharegpt", "jsonl") and requests:
+        prompt = sum(r.prompt_len for r in requests) / len(requests)
+        return prompt + answer * sum(r.output_len for r in requests) / len(requests), 0.0
+    if w.kind == "shared-prefix":  # fixed lengths: every prompt is prefix + question
+        held = w.prefix_len + w.question_len + answer * w.output_len
+        return held, w.prefix_len / held
+    if w.kind in ("sharegpt", "jsonl"):  # no list: input_len is the user's estimate
+        return w.input_len + answer * (w.dataset_output_len or w.output_len), 0.0
+    out = mean_length(w.output_len, w)
+    prompt = mean_length(w.input_len, w)
+    if w.kind == "multi-turn":
+        # the history grows by a question and an answer per turn: the mean over the turns
+        prompt += (w.turns - 1) / 2 * (w.question_len + out)
+    return prompt + answer * out, 0.0
+
+
+#: the inner search's step and resolution on a server after the first that found a best
+HINTED_FACTOR = 2**0.5
+HINTED_RESOLUTION = 1.06
+
+
+def bounds(
+    cfg: StudyConfig,
+    pool_tokens: int | None,
+    high_cap: int | None = None,
+    hint: int | None = None,
+    start: int | None = None,
+    requests: Sequence[Request] | None = None,
+) -> Bounds:
+    """Where the inner search looks on a server whose KV pool holds `pool_tokens`; `high_cap`:
+    a concurrency known to kill servers like this one (the search stays below it); `hint`: the
+    best concurrency found on an earlier server of the study, where a similar server's best
+    most likely is (else the capacity model's estimate); `start`: where to start instead (the
+    baseline's concurrency: what runs today is measured). Points lie on the range's `step`."""
+    spec = cfg.space[NAME]
+    assert spec.low is not None and spec.high is not None  # mode_problem/search_mode ensure it
+    low, high, step = int(spec.low), int(spec.high), int(spec.step or 1)
+    if high_cap is not None:
+        high = max(low, min(high, high_cap - 1))
+    high = low + (high - low) // step * step  # the last point of the grid (optuna's rule)
+    runs = cfg.budget.inner_runs
+    if start is not None:
+        return Bounds(low, high, start, max_runs=runs, step=step).fit()
+    if hint is None:
+        avg, shared = request_tokens(cfg.workload, requests)
+        first = start_at(pool_tokens, avg, low, high, shared)
+        return Bounds(low, high, first, max_runs=runs, step=step).fit()
+    # an earlier server's best is near this one's: finer steps around it spend the runs where
+    # the optimum is, instead of re-bracketing a factor of 2 each way
+    return Bounds(
+        low,
+        high,
+        hint,
+        max_runs=runs,
+        factor=HINTED_FACTOR,
+        resolution=HINTED_RESOLUTION,
+        step=step,
+    ).fit()
+
+
+#: how far below the study's best concurrency its searches look for points no server measured
+EXPLORE_SPAN = 2.0
+
+
+def widest_gap(seen: set[int], best: int, b: Bounds) -> int | None:
+    """A concurrency in the widest gap (log scale) between the points the study measured in
+    [best / EXPLORE_SPAN, best], when that gap is wider than a hinted step (`b.factor`); None
+    when none is. A window short against a request's life makes throughput bumpy in
+    concurrency (loadgen/window.py): a hinted search climbs from the best and would never look
+    again where the first server's factor-2 bracket stepped over."""
+    floor = max(b.low, math.ceil(best / EXPLORE_SPAN))
+    marks = sorted({floor, best, *(c for c in seen if floor < c < best)})
+    gaps = [(hi / lo, lo, hi) for lo, hi in pairwise(marks) if lo > 0]
+    if not gaps:
+        return None
+    ratio, lo, hi = max(gaps)
+    mid = b.snap(round(math.sqrt(lo * hi)))
+    return mid if ratio > b.factor and lo < mid < hi else None
+
+
+#: the server flag that only sizes the KV pool: servers that differ in it alone run the same
+#: throughput curve wherever the pool holds every running request (search/curve.py)
+POOL_FLAG = "mem-fraction-static"
+
+
+def _group(params: Mapping[str, Any]) -> str:
+    """The servers a point pools with: those with the same flags but `POOL_FLAG`."""
+    return json.dumps({k: v for k, v in params.items() if k != POOL_FLAG}, sort_keys=True)
+
+
+class InnerSearch:
+    """The inner search of one `tuner tune` run: remembers the best point so far (the next
+    server's starting point), every concurrency that held on some server (where the next
+    search need not look again: `widest_gap`), and every server's clear points, whose pooled
+    curve (search/curve.py) chooses each server's concurrency and narrows the next search."""
+
+    def __init__(self, cfg: StudyConfig):
+        self.cfg = cfg
+        self.best: tuple[float, int] | None = None  # (value, concurrency)
+        #: where the next search starts (once): the baseline's concurrency for trial 0
+        self.start_next: int | None = None
+        self._requests: list[Request] | None = None  # a dataset's list, for its lengths
+        #: concurrencies that held their SLOs on some server of this run
+        self.seen: set[int] = set()
+        #: each earlier server's clear points: (flags but the pool's, concurrency) -> value
+        #: where its pool holds them at full length, else with the server's index appended
+        self.table: list[dict[tuple, float]] = []
+
+    def run(
+        self,
+        params: Mapping[str, Any],
+        trial_dir: Path,
+        measure: Measure,
+        pool: int | None,
+        high_cap: int | None,
+        time_left: Callable[[], float | None],
+        clock: Callable[[], float],
+    ) -> TrialOutcome:
+        hint = None if self.best is None else self.best[1]
+        start, self.start_next = self.start_next, None
+        b = bounds(self.cfg, pool, high_cap, hint, start, self._dataset())
+        group = _group(params)
+        if hint is not None and start is None:
+            shape = {k[1]: v for k, v in fit(self.table).items() if len(k) == 2 and k[0] == group}
+            factor = narrowed(shape, hint, b.factor, HINTED_RESOLUTION, b.gain)
+            b = replace(b, factor=factor, explore=widest_gap(self.seen, hint, b))
+        key = self._keyer(group, pool)
+
+        def choose(points: Sequence[Point]) -> Point | None:
+            """The clear point whose concurrency the pooled curve ranks best."""
+            row = {key(p.concurrency): p.value for p in points if p.feasible and p.value > 0}
+            if not row:
+                return None
+            shape = fit([*self.table, row])
+            return max(
+                (p for p in points if key(p.concurrency) in row),
+                key=lambda p: shape[key(p.concurrency)],
+            )
+
+        out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock, choose)
+        chosen = out.client.get(NAME) if out.feasible else None
+        self._learn(params, pool, out.points, chosen, out.values[0] if out.values else 0.0)
+        return out
+
+    def recall(self, trials: Sequence[FrozenTrial]) -> None:
+        """What the study's searches so far taught, rebuilt from its completed trials (every
+        worker's, and a resumed run's earlier ones) before a trial runs, as `run` learns it."""
+        self.best, self.seen, self.table = None, set(), []
+        for t in sorted(trials, key=lambda t: t.number):
+            a = t.user_attrs
+            if not a.get(Attr.LOAD_POINTS) or Attr.DUPLICATE_OF in a or not t.values:
+                continue
+            chosen = (a.get(Attr.CLIENT) or {}).get(NAME) if is_feasible(t.constraints) else None
+            self._learn(t.params, a.get(POOL_ATTR), a[Attr.LOAD_POINTS], chosen, t.values[0])
+
+    def _learn(
+        self,
+        params: Mapping[str, Any],
+        pool: int | None,
+        points: Sequence[Mapping[str, Any]],
+        chosen: int | None,
+        value: float,
+    ) -> None:
+        """One server's search: its clear points join the pooled table, its points that held
+        the SLOs `seen`, and its chosen concurrency is the next hint when its value is best."""
+        key = self._keyer(_group(params), pool)
+        row = {key(int(p[NAME])): float(p["value"]) for p in points if p.get("clear")}
+        if row := {k: v for k, v in row.items() if v > 0}:
+            self.table.append(row)
+        self.seen |= {int(p[NAME]) for p in points if p.get("feasible")}
+        if chosen is not None and (self.best is None or value > self.best[0]):
+            self.best = (value, int(chosen))
+
+    def _keyer(self, group: str, pool: int | None) -> Callable[[int], tuple]:
+        """A point's key in the pooled table: (group, concurrency) where the server's pool
+        holds that many requests at their full length, shared prefixes counted in each (so it
+        never binds: the 32 GB case's best sits where it starts to; Kimi's 32 prefixes of 2,000
+        tokens alone fill half its pool), or is not known; else one of this server's own
+        (there the pool's size shapes the curve)."""
+        admits = self.holds(pool)
+        index = len(self.table)
+        return lambda c: (group, c) if c <= admits else (group, c, index)
+
+    def holds(self, pool: int | None) -> float:
+        """How many of the workload's requests a pool of `pool` tokens holds at their full
+        length, shared prefixes counted in each (inf when the pool is not known): up to that
+        concurrency no request waits for KV memory or is retracted, so the pool binds nothing."""
+        if not pool:
+            return math.inf
+        full, _ = request_tokens(self.cfg.workload, self._dataset(), answer=1.0)
+        return pool / max(full, 1.0)
+
+    def _dataset(self) -> list[Request] | None:
+        """A dataset workload's request list (its lengths are the file's), read once."""
+        w = self.cfg.workload
+        if w.kind in ("sharegpt", "jsonl") and self._requests is None:
+            self._requests = requests_for(w, num_requests=request_pool(self.cfg))
+        return self._requests
+
+
+#: one load run at these params: (params with concurrency, the point's directory) -> outcome
+Measure = Callable[[Mapping[str, Any], Path], TrialOutcome]
+
+
+def run_inner(
+    cfg: StudyConfig,
+    params: Mapping[str, Any],
+    trial_dir: Path,
+    measure: Measure,
+    b: Bounds,
+    time_left: Callable[[], float | None],
+    clock: Callable[[], float],
+    choose: Callable[[Sequence[Point]], Point | None] | None = None,
+) -> TrialOutcome:
+    """The inner search on the running server -> the trial's outcome: its best feasible
+    point's (`choose`: which of the clear points is best; the highest by default; with every
+    point and the winner's concurrency), else the most telling failure."""
+    outcomes: dict[int, TrialOutcome] = {}
+    last = [0.0]
+
+    def point(c: int) -> Point | None:
+        left = time_left()
+        if outcomes and left is not None and left < TIME_MARGIN * last[0]:
+            return None  # another run would pass the trial's deadline
+        t0 = clock()
+        out = measure({**params, NAME: c}, trial_dir / f"{NAME}-{c}")
+        last[0] = clock() - t0
+        outcomes[c] = out
+        raw = objective_values(cfg.objective, out.metrics)[0] if out.metrics else 0.0
+        stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
+        safe = out.feasible and _clear_of_limits(out.constraints) and _few_beyond(out.tails)
+        room = _headroom(out.constraints)
+        return Point(c, raw, safe, stop, str(out.status), out.reason, out.failure, room)
+
+    result = search(point, b)
+    records = tuple(_record(p, outcomes[p.concurrency]) for p in result.points)
+    best = knee(result.best if choose is None else choose(result.points), result.points)
+    if best is None:  # none clear of the limits: the best that held them, if any did
+        held = [p for p in result.points if outcomes[p.concurrency].feasible]
+        best = max(held, key=lambda p: p.value) if held else None
+    _save(trial_dir, best, records)
+    if best is not None:
+        chosen = outcomes[best.concurrency]
+        client = {NAME: best.concurrency}
+    else:
+        chosen, client = _failure(outcomes), {}
+    return replace(chosen, points=records, client=client)
+
+
+def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
+    """Every latency at least SLO_MARGIN below its limit (constraint = observed / limit - 1)."""
+    return _headroom(constraints) >= SLO_MARGIN
+
+
+def _headroom(constraints: Mapping[str, float]) -> float:
+    """The least share of a latency limit left unused (innersearch.Point.headroom)."""
+    return min(-constraints.get(k, -1.0) for k in LATENCY_CONSTRAINTS)
+
+
+def _few_beyond(tails: Mapping[str, Any] | None) -> bool:
+    """More likely than not, under 1% of the run's requests miss each p99 limit
+    (holdodds.exceed_odds): a p99 well under its limit can hide a gap in the tail (a few
+    requests of every run far beyond it) that its runs pooled show."""
+    return tails is None or exceed_odds([tails]) >= EXCEED_CLEAR
+
+
+def died_at(outcome: TrialOutcome, params: Mapping[str, Any]) -> int | None:
+    """The least concurrency at which this trial's server ran out of memory under load."""
+    died = [int(p[NAME]) for p in outcome.points if p.get("failure") == FailureClass.OOM_RUNTIME]
+    if not outcome.points and outcome.failure == FailureClass.OOM_RUNTIME and NAME in params:
+        died.append(int(params[NAME]))
+    return min(died) if died else None
+
+
+def _failure(outcomes: Mapping[int, TrialOutcome]) -> TrialOutcome:
+    """No point held its SLOs: a death or the world's failure tells most, else the lowest
+    concurrency's miss (the least load this server was asked to carry)."""
+    for status in (Status.WORLD, Status.FLAGGED, Status.DIED):
+        for out in outcomes.values():
+            if out.status == status:
+                return out
+    return outcomes[min(outcomes)]
+
+
+def _record(p: Point, out: TrialOutcome) -> dict[str, Any]:
+    """One point as stored (the report's inner-search chart reads the score and p99 TTFT)."""
+    figures = metric_attrs(out.metrics) if out.status.measured else {}
+    return {
+        NAME: p.concurrency,
+        "value": round(p.value, 3),
+        "score": round(p.value, 3),
+        **{k: round(v, 3) for k, v in figures.items()},
+        "feasible": out.feasible,  # held its SLOs
+        "clear": p.feasible,  # held them with SLO_MARGIN to spare
+        "status": p.status,
+        "reason": p.reason,
+        "failure": p.failure,
+    }
+
+
+def _save(trial_dir: Path, best: Point | None, records: tuple[dict[str, Any], ...]) -> None:
+    data = {"best": None if best is None else best.concurrency, "points": list(records)}
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "points.json").write_text(json.dumps(data, indent=2) + "\n")
+    if best is not None:  # the winner's run is the trial's run, where tools look for it
+        src = trial_dir / f"{NAME}-{best.concurrency}"
+        for name in ("metrics.json", "server.log"):
+            if (src / name).exists():
+                (trial_dir / name).write_bytes((src / name).read_bytes())
+        if (src / "requests.jsonl").exists():  # large: moved, not copied
+            (src / "requests.jsonl").replace(trial_dir / "requests.jsonl")
