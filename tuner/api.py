@@ -17,46 +17,41 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.capacity.calculus import GB, kv_layout
-from tuner.capacity.models import load_model_config
-from tuner.capacity.precheck import Hardware, parallel_sizes, parse_meminfo, with_available_ram
+from tuner.capacity.calculus import GB
+from tuner.capacity.models import hardware_of
+from tuner.capacity.precheck import parse_meminfo, with_available_ram
 from tuner.check import before_night
 from tuner.config.schema import StudyConfig
 from tuner.config.validate import request_pool
-from tuner.errors import ConfigError, HostUnreachable, InfraError, ModelConfigError
-from tuner.loadgen import LoadProgress, LoadResult, run_load_sync
-from tuner.loadgen.plan import (
-    refill_for,
-    short_list_problem,
-    study_load_options,
-    unset_concurrency,
-)
+from tuner.errors import ConfigError, HostUnreachable, InfraError
+from tuner.loadgen.plan import refill_for, short_list_problem, study_load_options, unset_concurrency
+from tuner.loadgen.result import LoadProgress, LoadResult
+from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.window import short_window
 from tuner.loadgen.workload import Request, requests_for
 from tuner.outcome import Attr, full_params
 from tuner.report.export import write_best
+from tuner.search.mode import trial_time_problem
+from tuner.search.sampler import make_sampler, reseed_on_resume
 from tuner.server.endpoint import Endpoint
 from tuner.server.launch import server_log_path
 from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
 from tuner.server.runtime import ContainerRuntime
 from tuner.server.startlog import StartupLog
 from tuner.server.target import Launch, endpoint_for, env_secret, host_for
-from tuner.sglang.flags import normalize_flags
-from tuner.study.loop import TuneStats, Tuning, default_worker
+from tuner.study.loop import Tuning, default_worker
+from tuner.study.states import TuneStats
 from tuner.study.storage import (
     DefaultURL,
     check_study_dir,
-    make_sampler,
     make_storage,
     open_study,
-    reseed_on_resume,
     storage_url,
     study_dir,
 )
 from tuner.study.worklock import WorkerLock, home_of, lock_path, marker_for, others_alive
-from tuner.trial.inner import trial_time_problem
 from tuner.trial.runner import TrialRunner
-from tuner.verdict.winner import feasible_trials
+from tuner.verdict.trials import feasible_trials
 from tuner.watch.events import ProgressEvent, RunStarted, TrialStarted
 
 #: a trial is discarded when the client lags; 50 ms p99 flags healthy runs on a shared 2-core
@@ -461,25 +456,3 @@ def load_runner(
         return result
 
     return run
-
-
-def hardware_of(cfg: StudyConfig) -> Hardware:
-    """The pre-check's facts: bytes per token from the model config, GPU memory, host RAM."""
-    hw = cfg.hardware
-    bpt = None
-    if hw.model_config_path:
-        tp, _ = parallel_sizes(cfg.server)
-        kv_dtype = str(normalize_flags(cfg.server).get("kv-cache-dtype", "auto"))
-        if kv_dtype == "bfloat16":
-            kv_dtype = "bf16"
-        try:
-            bpt = kv_layout(load_model_config(hw.model_config_path), tp, kv_dtype).bytes_per_token
-        except ModelConfigError as exc:
-            where = f"{hw.model_config_path}: {exc}"
-            raise ConfigError(where, file=cfg.source, key="hardware.model_config") from None
-    return Hardware(
-        bytes_per_token=bpt,
-        gpu_mem_mib=hw.gpu_mem_mib,
-        host_ram_gb=hw.host_ram_gb,
-        weights_gib=hw.weights_gib,
-    )

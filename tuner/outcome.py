@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tuner.config.schema import ObjectiveSection
+from tuner.config.objective import ObjectiveSection
 
 CONSTRAINT_KEYS = ("c_start", "c_ttft", "c_tpot", "c_itl", "c_e2e", "c_errors")
 SLO_METRICS = {  # constraint key -> (slo field, metrics JSON key)

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.simproc import sim_server
-from tuner.config.schema import WorkloadSection
-from tuner.loadgen import LoadResult, load_options, run_load_sync
+from tuner.config.workload import WorkloadSection
+from tuner.loadgen.options import load_options
+from tuner.loadgen.result import LoadResult
+from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.workload import requests_for
 
 #: test_loadgen_fake.py runs as a script: a zero-cost streaming server that prints its port

@@ -604,7 +604,8 @@ def _spread(xs: Sequence[float]) -> str:
 def http_runs(case: str, params: dict[str, Any], duration_s: float, n: int) -> list[float]:
     """The same configuration on the HTTP simulator (real time): n fresh servers, one run each."""
     from tests.helpers.simproc import sim_server
-    from tuner.loadgen import load_options, run_load_sync
+    from tuner.loadgen.options import load_options
+    from tuner.loadgen.run import run_load_sync
     from tuner.server.launch import flag_args
     from tuner.sim.virtual.server import sim_args
 

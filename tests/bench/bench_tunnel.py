@@ -25,11 +25,13 @@ import pytest
 from tests.bench.bench_loadgen import fake_server
 from tests.helpers.simproc import sim_server
 from tests.helpers.sshd import Sshd
-from tuner.config.schema import WorkloadSection
+from tuner.config.workload import WorkloadSection
 from tuner.hosts import SSHHost
 from tuner.hosts.forward import Forward
 from tuner.hosts.forward_proc import ForwardProcess
-from tuner.loadgen import LoadResult, load_options, run_load_sync
+from tuner.loadgen.options import load_options
+from tuner.loadgen.result import LoadResult
+from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.workload import requests_for
 
 pytestmark = [pytest.mark.bench, pytest.mark.ssh]

@@ -33,7 +33,8 @@ from tuner.sim.virtual.server import VirtualServer
 from tuner.sim.virtual.study import VirtualLoad, virtual_seams
 from tuner.trial.runner import score_load
 from tuner.verdict.tails import pooled_verdict, tails_of
-from tuner.verdict.winner import all_confirmations, best_trial
+from tuner.verdict.trials import all_confirmations
+from tuner.verdict.winner import best_trial
 
 #: fresh noisy starts per configuration, and the first of their seeds (studies use 0..99)
 ROBUST_RUNS = [5]

@@ -25,9 +25,10 @@ import yaml
 
 from tuner.capacity.precheck import Hardware
 from tuner.config.load import load_study
+from tuner.search.sampler import make_sampler
 from tuner.server.lifecycle import ServerDeath, StartResult
 from tuner.study.loop import Tuning
-from tuner.study.storage import make_sampler, make_storage, open_study, storage_url
+from tuner.study.storage import make_storage, open_study, storage_url
 from tuner.trial.runner import TrialRunner
 
 WINNER, SLO_MISS, START_FAILED, REJECTED, DIED, DUPLICATE = 1, 2, 3, 4, 5, 6

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from test_loadgen_fake import FakeConfig, FakeSGLang, ServerThread
 
-from tuner.config.schema import WorkloadSection
-from tuner.loadgen import LoadOptions, load_options, run_load_sync
+from tuner.config.workload import WorkloadSection
+from tuner.loadgen.options import LoadOptions, load_options
+from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.workload import requests_for
 
 

@@ -28,10 +28,9 @@ from tests.helpers.net import free_port
 from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file
-from tuner.config.schema import Timeouts
+from tuner.config.target import ContainerSection, Timeouts
 from tuner.errors import InfraError, SetupError
 from tuner.hosts import Host, LocalHost, SSHHost
-from tuner.server.container import ContainerSection
 from tuner.server.launch import LaunchSpec, build_launch
 from tuner.server.lifecycle import Server
 from tuner.server.runtime import ContainerRuntime

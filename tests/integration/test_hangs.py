@@ -23,8 +23,12 @@ from tests.helpers.simproc import SimProc
 from tests.helpers.studies import study_file
 from tuner.api import Seams, build_seams
 from tuner.config.load import load_study
-from tuner.config.schema import StudyConfig, WorkloadSection
-from tuner.loadgen import Bounds, LoadProgress, load_options, run_load_sync
+from tuner.config.schema import StudyConfig
+from tuner.config.workload import WorkloadSection
+from tuner.loadgen.bounds import Bounds
+from tuner.loadgen.options import load_options
+from tuner.loadgen.result import LoadProgress
+from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.workload import requests_for
 from tuner.outcome import Status
 from tuner.trial.runner import HUNG

@@ -27,7 +27,7 @@ from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.studies import REPO, study_file
 from tuner.outcome import Attr
 from tuner.study.worklock import marker_for
-from tuner.verdict.winner import CONFIRM_ATTR
+from tuner.verdict.trials import CONFIRM_ATTR
 
 pytestmark = pytest.mark.slow
 

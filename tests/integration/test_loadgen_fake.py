@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tuner.config.schema import WorkloadSection
+from tuner.config.workload import WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable, TrialTimeout
-from tuner.loadgen import Bounds, LoadOptions, load_options, make_session, run_load, run_load_sync
+from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.metrics import summarize
+from tuner.loadgen.options import LoadOptions, load_options
+from tuner.loadgen.run import make_session, run_load, run_load_sync
 from tuner.loadgen.workload import Request, requests_for
 
 

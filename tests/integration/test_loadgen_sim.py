@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from tests.helpers.simproc import SimProc, sim_server
-from tuner.config.schema import WorkloadSection
-from tuner.loadgen import LoadOptions, load_options, run_load_sync
+from tuner.config.workload import WorkloadSection
+from tuner.loadgen.options import LoadOptions, load_options
+from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.workload import Request, requests_for
 
 pytestmark = pytest.mark.slow

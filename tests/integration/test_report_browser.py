@@ -26,7 +26,8 @@ from tuner.report.figures import LOAD_POINTS_ATTR
 from tuner.report.page import CHARTS, plotly_js, write_html
 from tuner.search.space import distributions
 from tuner.study.loop import Tuning
-from tuner.verdict.winner import CONFIRM_ATTR, best_trial
+from tuner.verdict.trials import CONFIRM_ATTR
+from tuner.verdict.winner import best_trial
 
 pytestmark = pytest.mark.slow
 

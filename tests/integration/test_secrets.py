@@ -27,7 +27,7 @@ from tests.helpers.net import free_port
 from tests.helpers.procs import kill_marked
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file
-from tuner.config.schema import Timeouts
+from tuner.config.target import Timeouts
 from tuner.hosts import Host
 from tuner.server.launch import build_launch
 from tuner.server.lifecycle import Server

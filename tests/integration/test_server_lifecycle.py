@@ -25,7 +25,7 @@ import pytest
 
 from tests.helpers.net import free_port
 from tests.helpers.sshd import assert_group_gone
-from tuner.config.schema import Timeouts
+from tuner.config.target import Timeouts
 from tuner.errors import PortHeldError
 from tuner.hosts import Host, SSHHost
 from tuner.server.launch import LaunchSpec

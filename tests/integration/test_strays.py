@@ -28,7 +28,7 @@ from tests.helpers.net import free_port
 from tests.helpers.procs import kill_marked, marked_groups
 from tests.helpers.relay import Relay
 from tests.helpers.sshd import Sshd, assert_group_gone
-from tuner.config.schema import Timeouts
+from tuner.config.target import Timeouts
 from tuner.errors import HostUnreachable, PortHeldError, SetupError
 from tuner.hosts import Host, SSHHost
 from tuner.server.launch import LaunchSpec

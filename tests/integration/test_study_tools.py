@@ -38,8 +38,9 @@ from tests.helpers.studies import REPO
 from tuner.cli import main
 from tuner.config.load import load_study
 from tuner.outcome import CONSTRAINT_KEYS, missed_slos
+from tuner.search.sampler import make_sampler
 from tuner.search.space import distributions, fingerprint
-from tuner.study.storage import make_sampler, make_storage, open_study, storage_url
+from tuner.study.storage import make_storage, open_study, storage_url
 from tuner.verdict.winner import best_trial
 
 

@@ -36,7 +36,7 @@ from tests.helpers.relay import Relay
 from tests.helpers.simproc import sim_server
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, study_file, tuner
-from tuner.config.schema import Timeouts
+from tuner.config.target import Timeouts
 from tuner.errors import HostUnreachable, InfraError
 from tuner.hosts import LocalHost, SSHHost
 from tuner.hosts.forward import Forward
@@ -91,8 +91,9 @@ def ssh(sshd_server: Sshd) -> Iterator[SSHHost]:
 
 
 def test_a_forward_carries_concurrent_streams(ssh: SSHHost) -> None:
-    from tuner.config.schema import WorkloadSection
-    from tuner.loadgen import load_options, run_load_sync
+    from tuner.config.workload import WorkloadSection
+    from tuner.loadgen.options import load_options
+    from tuner.loadgen.run import run_load_sync
     from tuner.loadgen.workload import requests_for
 
     with sim_server("--sim-profile", "llama-3.1-8b-h100") as sim, Forward(ssh, sim.port) as fwd:

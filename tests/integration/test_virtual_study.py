@@ -20,7 +20,7 @@ from tuner.config.load import load_study
 from tuner.errors import StudyMismatchError
 from tuner.outcome import Attr, Status
 from tuner.sim.virtual.study import virtual_seams
-from tuner.verdict.winner import completed
+from tuner.verdict.trials import completed
 
 pytestmark = pytest.mark.slow
 

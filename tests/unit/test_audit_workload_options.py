@@ -15,16 +15,19 @@ from optuna.trial import TrialState
 
 from tuner.api import Events, tune
 from tuner.config.load import parse_study
-from tuner.config.schema import BudgetSection, ParamSpec, WorkloadSection
+from tuner.config.schema import BudgetSection
+from tuner.config.space import ParamSpec
+from tuner.config.workload import WorkloadSection
 from tuner.errors import ConfigError
 from tuner.loadgen.metrics import RequestRecord
 from tuner.loadgen.result import LoadResult
-from tuner.loadgen.workload import requests_for
+from tuner.loadgen.workload import request_tokens, requests_for
 from tuner.outcome import Status, measured_outcome
 from tuner.search.inner import Bounds, Point, search
+from tuner.search.mode import search_mode
 from tuner.sim.virtual.study import virtual_seams
 from tuner.study.callbacks import ProbeConcurrency
-from tuner.trial.inner import bounds, request_tokens, search_mode
+from tuner.trial.inner import bounds
 from tuner.trial.runner import score_load
 
 # the new names are imported in the tests that use them, so that every test of this file runs

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tuner.config.base import parse_duration
 from tuner.config.load import load_study, parse_study
-from tuner.config.schema import Timeouts, parse_duration
+from tuner.config.target import Timeouts
 from tuner.errors import ConfigError
 from tuner.search.space import client_params
 

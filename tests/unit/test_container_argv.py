@@ -18,14 +18,13 @@ import yaml
 
 from tuner.config.load import parse_study
 from tuner.config.schema import parse_schema
+from tuner.config.target import ContainerSection, mount_problem, target_problem
 from tuner.errors import ConfigError
 from tuner.server.container import (
     DEFAULT_LAUNCH,
-    ContainerSection,
     container_name,
     list_argv,
     logs_argv,
-    mount_problem,
     parse_names,
     parse_pids,
     parse_state,
@@ -36,7 +35,6 @@ from tuner.server.container import (
     setup_problem,
     state_argv,
     stop_argv,
-    target_problem,
     wrap,
 )
 from tuner.server.launch import build_launch

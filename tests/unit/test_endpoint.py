@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config.schema import TargetSection
+from tuner.config.target import TargetSection
 from tuner.errors import ConfigError, HostUnreachable, InfraError
 from tuner.server.endpoint import DirectEndpoint, ReachWatch, TunnelEndpoint, url_for
 from tuner.server.target import endpoint_for, host_for, http_hostname

@@ -11,9 +11,8 @@ import pytest
 from tuner.config.load import parse_study
 from tuner.errors import ConfigError
 from tuner.search.sampler import grid as _grid
-from tuner.search.sampler import range_points
+from tuner.search.sampler import make_sampler, range_points
 from tuner.search.space import sample
-from tuner.study.storage import make_sampler
 
 STUDY = {
     "study": "grid",

@@ -1,5 +1,5 @@
 """The odds that a configuration holds its latency limits, from its runs' p99s and from the
-requests beyond them (verdict/odds.py)."""
+requests beyond them (verdict/tails.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ import math
 
 import pytest
 
-from tuner.verdict.odds import FLOOR_SD, _gamma_cdf, exceed_odds, hold_odds, log_ratios, noise_sd
-from tuner.verdict.tails import histogram
+from tuner.verdict.tails import (
+    FLOOR_SD,
+    _gamma_cdf,
+    exceed_odds,
+    histogram,
+    hold_odds,
+    log_ratios,
+    noise_sd,
+)
 
 LIMITS = {"p99_ttft_ms": 3000.0, "max_error_rate": 0.01}
 

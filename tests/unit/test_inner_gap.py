@@ -13,7 +13,8 @@ from tuner.config.load import parse_study
 from tuner.loadgen.metrics import RequestRecord
 from tuner.outcome import Status, TrialOutcome, slo_constraints
 from tuner.search.inner import Bounds
-from tuner.trial.inner import NAME, run_inner
+from tuner.search.mode import NAME
+from tuner.trial.inner import run_inner
 from tuner.verdict.tails import pooled_metrics, tails_of
 
 ADMITS = 59  # the pool admits this many requests at once; the rest of the opening burst waits

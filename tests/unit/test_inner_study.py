@@ -17,9 +17,9 @@ from tuner.errors import ConfigError
 from tuner.outcome import Attr, Status
 from tuner.report.export import export_data
 from tuner.report.runs import load_search
+from tuner.search.mode import search_mode
 from tuner.sim.virtual.study import virtual_seams
-from tuner.trial.inner import search_mode
-from tuner.verdict.winner import completed
+from tuner.verdict.trials import completed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,7 +115,7 @@ def test_search_is_refused_where_it_cannot_work() -> None:
 def test_a_trial_timeout_too_short_for_the_inner_runs_is_warned_about(tmp_path: Path) -> None:
     from tuner.api import Events
     from tuner.check.reading import trial_time
-    from tuner.trial.inner import trial_time_problem
+    from tuner.search.mode import trial_time_problem
 
     d = demo()
     d["workload"]["duration_s"] = 30

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.api import hardware_of, study_requests
+from tuner.api import study_requests
+from tuner.capacity.models import hardware_of
 from tuner.capacity.precheck import Hardware, Knowledge, precheck
 from tuner.config.load import parse_study
 from tuner.outcome import Status

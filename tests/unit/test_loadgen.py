@@ -8,10 +8,10 @@ import math
 import pytest
 
 from tuner.config.load import parse_study
-from tuner.config.schema import WorkloadSection
+from tuner.config.workload import WorkloadSection
 from tuner.errors import ConfigError
-from tuner.loadgen import LoadOptions, load_options
 from tuner.loadgen.client import Client, RequestState
+from tuner.loadgen.options import LoadOptions, load_options
 from tuner.loadgen.workload import Request
 
 
@@ -128,7 +128,7 @@ def test_workload_keys_have_one_default_the_sections() -> None:
 
 
 def test_bounds_derive_from_the_window_with_floors_and_the_request_timeout_as_ceiling() -> None:
-    from tuner.loadgen import Bounds
+    from tuner.loadgen.bounds import Bounds
 
     b = Bounds.of(_opts(duration_s=60, request_timeout_s=600))
     assert (b.warmup_s, b.flush_s, b.stall_s, b.quiet_s, b.lookup_s) == (30, 15, 15, 15, 10)

@@ -12,7 +12,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from rich.console import Console
 
 from tuner.config.load import parse_study
-from tuner.config.schema import ObjectiveSection, WorkloadSection
+from tuner.config.objective import ObjectiveSection
+from tuner.config.workload import WorkloadSection
 from tuner.loadgen.names import backend_kind, run_keys, trial_run_keys
 from tuner.outcome import (
     CONSTRAINT_KEYS,

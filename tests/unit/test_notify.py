@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tuner.config.load import parse_study
+from tuner.config.schema import NotifySection
 from tuner.errors import ConfigError, HaltError
-from tuner.watch.notify import NotifySection, notify_for, send
-from tuner.watch.summary import event_of, exit_code_of, run_summary
+from tuner.report.summary import event_of, exit_code_of, run_summary
+from tuner.watch.notify import notify_for, send
 
 
 def pid_alive(pid: int) -> bool:

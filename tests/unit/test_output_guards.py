@@ -362,7 +362,7 @@ def test_a_default_folder_that_cannot_be_made_names_runs_dir(tmp_path: Path) -> 
 
 
 def test_the_notification_of_a_full_disk_says_so_not_optunas_assertion() -> None:
-    from tuner.watch.summary import message_of
+    from tuner.report.summary import message_of
 
     try:
         try:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tuner.config.schema import SLOSection
+from tuner.config.objective import SLOSection
 from tuner.loadgen.metrics import RequestRecord, percentile
 from tuner.verdict.tails import (
     histogram,

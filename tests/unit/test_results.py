@@ -12,21 +12,18 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
 from tuner.config.load import parse_study
-from tuner.config.schema import SLOSection
+from tuner.config.objective import SLOSection
 from tuner.loadgen.metrics import RequestRecord
 from tuner.outcome import CONSTRAINT_KEYS, Attr
 from tuner.report.export import _versus, export_data, render, render_yaml
 from tuner.verdict.tails import tails_of
-from tuner.verdict.winner import (
+from tuner.verdict.trials import (
     CONFIRM_ATTR,
     CONFIRM_TAILS_ATTR,
     all_confirm_tails,
     all_confirmations,
-    best_trial,
-    held_note,
-    unsettled,
-    versus_runner_up,
 )
+from tuner.verdict.winner import best_trial, held_note, unsettled, versus_runner_up
 
 
 def _study(first: dict[float, float], confirmations: dict[str, list[float]]) -> optuna.Study:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tuner.config.schema import Timeouts
+from tuner.config.target import Timeouts
 from tuner.errors import CommandTimeout, HostUnreachable, InfraError
 from tuner.hosts import CommandResult
 from tuner.server.lifecycle import Server

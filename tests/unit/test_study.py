@@ -16,9 +16,10 @@ from tuner.config.load import parse_study
 from tuner.errors import HostUnreachable, StudyMismatchError
 from tuner.loadgen.metrics import RequestRecord, percentile
 from tuner.outcome import CONSTRAINT_KEYS, Attr, is_feasible, named_constraints
+from tuner.search.sampler import make_sampler
 from tuner.server.lifecycle import ServerDeath, StartResult
 from tuner.study.loop import Tuning
-from tuner.study.storage import make_sampler, make_storage, open_study, storage_url
+from tuner.study.storage import make_storage, open_study, storage_url
 from tuner.trial.runner import TrialRunner
 from tuner.verdict.winner import best_trial, versus_runner_up
 
@@ -307,12 +308,13 @@ def test_probe_backs_off_when_the_slo_is_missed(tmp_path: Path) -> None:
 
 
 def test_status_rows_and_html_report(tmp_path: Path) -> None:
-    from tuner.report.table import trial_rows, write_html
+    from tuner.report.page import write_html
+    from tuner.report.rows import trial_rows
 
     cfg, study, server, tuning = setup(tmp_path)
     study.enqueue_trial({"mem-fraction-static": 0.96, "concurrency": 16})  # CUDA-graph OOM
     tuning.optimize(5, None)
-    rows = trial_rows(study)
+    rows = trial_rows(cfg, study)
     assert rows[0]["feasible"] is False and "Capture cuda graph" in rows[0]["reason"]
     page = write_html(cfg, study, tmp_path / "report.html").read_text()
     assert page.count("<tr>") == len(rows) + 1
@@ -351,7 +353,7 @@ def test_pareto_mode_keeps_the_front(tmp_path: Path) -> None:
 
 def test_a_sampler_whose_package_is_missing_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.errors import ConfigError
-    from tuner.study.storage import make_sampler
+    from tuner.search.sampler import make_sampler
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     with pytest.raises(ConfigError, match=r"sampler\.name: sampler gp needs the torch package"):

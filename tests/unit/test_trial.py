@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tuner.config.schema import ObjectiveSection
+from tuner.config.objective import ObjectiveSection
 from tuner.outcome import (
     CONSTRAINT_KEYS,
     Attr,

@@ -14,13 +14,7 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from tests.unit.test_study import STUDY, FakeServer, setup
-from tuner.errors import (
-    HostUnreachable,
-    InfraRunaway,
-    PortHeldError,
-    StudyBusyError,
-    TrialTimeout,
-)
+from tuner.errors import HostUnreachable, InfraRunaway, PortHeldError, StudyBusyError, TrialTimeout
 from tuner.outcome import Attr, Status, named_constraints
 from tuner.server.lifecycle import StartResult
 from tuner.study.callbacks import HaltOnRunaway

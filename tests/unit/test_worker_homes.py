@@ -18,8 +18,9 @@ from tests.unit.test_study import STUDY, FakeServer, make_runner
 from tuner.config.load import parse_study
 from tuner.errors import StudyBusyError
 from tuner.outcome import Attr
+from tuner.search.sampler import make_sampler
 from tuner.study.loop import Tuning
-from tuner.study.storage import make_sampler, open_study
+from tuner.study.storage import open_study
 from tuner.study.worklock import home_of
 
 

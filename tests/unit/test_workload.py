@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.config.load import parse_study
-from tuner.config.schema import WorkloadSection
+from tuner.config.workload import WorkloadSection
 from tuner.errors import ConfigError, InputFileError
 from tuner.loadgen.workload import Request, requests_for
 

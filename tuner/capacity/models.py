@@ -1,4 +1,5 @@
-"""Model configs: a Hugging Face config.json by path, or one shipped in tuner/model_configs by name."""
+"""Model configs: a Hugging Face config.json by path, or one shipped in tuner/model_configs by
+name; and the pre-check's facts about a study's model and machine (`hardware_of`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tuner.capacity.calculus import kv_layout
+from tuner.capacity.precheck import Hardware, parallel_sizes
+from tuner.config.schema import StudyConfig
 from tuner.config.yamlfile import special_file
-from tuner.errors import InputFileError
+from tuner.errors import ConfigError, InputFileError, ModelConfigError
+from tuner.sglang.flags import normalize_flags
 
 
 def shipped_model_configs() -> list[str]:
@@ -44,3 +49,25 @@ def load_model_config(name_or_path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputFileError(str(path), "expected a JSON object (a Hugging Face config.json)")
     return data
+
+
+def hardware_of(cfg: StudyConfig) -> Hardware:
+    """The pre-check's facts: bytes per token from the model config, GPU memory, host RAM."""
+    hw = cfg.hardware
+    bpt = None
+    if hw.model_config_path:
+        tp, _ = parallel_sizes(cfg.server)
+        kv_dtype = str(normalize_flags(cfg.server).get("kv-cache-dtype", "auto"))
+        if kv_dtype == "bfloat16":
+            kv_dtype = "bf16"
+        try:
+            bpt = kv_layout(load_model_config(hw.model_config_path), tp, kv_dtype).bytes_per_token
+        except ModelConfigError as exc:
+            where = f"{hw.model_config_path}: {exc}"
+            raise ConfigError(where, file=cfg.source, key="hardware.model_config") from None
+    return Hardware(
+        bytes_per_token=bpt,
+        gpu_mem_mib=hw.gpu_mem_mib,
+        host_ram_gb=hw.host_ram_gb,
+        weights_gib=hw.weights_gib,
+    )

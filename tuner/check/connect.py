@@ -13,13 +13,7 @@ from tuner.check.lines import CheckLine, fail, ok, warn
 from tuner.check.probe import Probe, said
 from tuner.config.load import load_study
 from tuner.config.schema import StudyConfig
-from tuner.errors import (
-    ConfigError,
-    HostTrustError,
-    HostUnreachable,
-    SetupError,
-    TunerError,
-)
+from tuner.errors import ConfigError, HostTrustError, HostUnreachable, SetupError, TunerError
 from tuner.hosts.ssh import SSHHost
 from tuner.server.target import env_secret, host_for, is_local
 

@@ -12,9 +12,9 @@ from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.spacefacts import largest, values_of
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, TunerError
+from tuner.search.mode import inner_mode, trial_time_problem
 from tuner.sglang.defaults import default_mem_fraction_static
 from tuner.sglang.flags import normalize_flags
-from tuner.trial.inner import inner_mode, trial_time_problem
 
 
 def capacity_inputs(cfg: StudyConfig, model_config: dict[str, Any]) -> CapacityInputs:

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from tuner.check.flagset import flag_problem, help_options
 from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.probe import Probe, said
-from tuner.config.schema import CLIENT_PARAMS, StudyConfig
+from tuner.config.schema import StudyConfig
+from tuner.config.space import CLIENT_PARAMS
 from tuner.errors import ConfigError, SetupError
 from tuner.sglang.flags import KNOWN_VERSIONS
 

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, get_args
 from pydantic import ValidationError
 
 from tuner.commands.common import output_file
-from tuner.config.schema import MAX_CONCURRENCY, WorkloadSection
+from tuner.config.base import MAX_CONCURRENCY
+from tuner.config.workload import WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable, InfraError
 from tuner.loadgen.names import BACKEND_ALIASES, BACKEND_NAME, DATASET_KINDS, backend_kind, run_keys
 
 if TYPE_CHECKING:
-    from tuner.loadgen import LoadOptions
+    from tuner.loadgen.options import LoadOptions
     from tuner.loadgen.workload import Request
 
 #: bench_serving's --num-prompts default, when neither a count nor a duration is given
@@ -220,7 +221,7 @@ def _url(args: argparse.Namespace) -> str:
 
 def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], LoadOptions]:
     """Command-line values -> (workload, requests, options); bad values raise ConfigError."""
-    from tuner.loadgen import load_options
+    from tuner.loadgen.options import load_options
     from tuner.loadgen.workload import requests_for
 
     args.url = _url(args)
@@ -352,8 +353,8 @@ def _workload(args: argparse.Namespace) -> WorkloadSection:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.loadgen import run_load_sync
     from tuner.loadgen.plan import refill_for
+    from tuner.loadgen.run import run_load_sync
 
     w, requests, options = _plan(args)
     more = refill_for(w)

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.report.table import write_html
+    from tuner.report.page import write_html
     from tuner.study.storage import existing_study
 
     cfg = load(args)

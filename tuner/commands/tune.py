@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tuner.commands.common import add_study_args, load
-from tuner.config.schema import MAX_TRIALS, parse_duration
+from tuner.config.base import MAX_TRIALS, parse_duration
 from tuner.errors import ConfigError
 
 
@@ -227,8 +227,8 @@ def _notify(
     **kw: Any,
 ) -> None:
     """Send the run's summary; a notification that fails is one line, never the run's fate."""
+    from tuner.report.summary import exit_code_of, message_of, readable_study, run_summary
     from tuner.watch.notify import send
-    from tuner.watch.summary import exit_code_of, message_of, readable_study, run_summary
 
     if exc is not None:
         study = readable_study(cfg, args.runs_dir, args.storage)

@@ -1,4 +1,5 @@
-"""The names a study's objective metric goes by. Pure.
+"""The study file's `objective:` section: the metric to maximise, its SLOs, a Pareto latency;
+and the names the metric goes by.
 
 tuner's default score is `window_output_throughput`: every output token received during a load
 run's window / the window's length (tuner.loadgen.metrics). bench_serving's `output_throughput` counts
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
+
+from tuner.config.base import Model
 
 #: a metric's old name in study files -> today's (the same figure)
 OLD_METRIC_NAMES = {"output_throughput": "window_output_throughput"}
@@ -32,3 +35,25 @@ Metric = Annotated[
     Literal["window_output_throughput", "total_throughput", "request_throughput", "goodput"],
     BeforeValidator(today_name),
 ]
+
+
+class SLOSection(Model):
+    """Latency limits a configuration must meet to count (ms; error rate as a fraction)."""
+
+    p99_ttft_ms: float | None = Field(None, gt=0)
+    p99_tpot_ms: float | None = Field(None, gt=0)
+    p99_itl_ms: float | None = Field(None, gt=0)
+    p99_e2e_latency_ms: float | None = Field(None, gt=0)
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+
+
+class ObjectiveSection(Model):
+    """What to maximise, under which SLOs; optionally a Pareto front against a latency."""
+
+    metric: Metric = (
+        "window_output_throughput"  # old spelling output_throughput: config/objective.py
+    )
+    slo: SLOSection = SLOSection()
+    pareto_latency: (
+        Literal["p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2e_latency_ms"] | None
+    ) = None

@@ -10,22 +10,16 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.config.base import (
-    MAX_CONCURRENCY,
-    MAX_DURATION_S,
-    MAX_STEPS,
-    MAX_TOKENS,
     MAX_TRIALS,
     Duration,
     DurationOrOff,
     Model,
-    bool_choices,
     got,
     hicache_problem,
     merge_union,
@@ -34,209 +28,14 @@ from tuner.config.base import (
     port_problem,
     user_loc,
 )
-from tuner.config.objective import Metric
+from tuner.config.objective import ObjectiveSection
+from tuner.config.space import FlagValue, ParamSpec
+from tuner.config.target import TargetSection
 from tuner.config.workload import WorkloadSection
 from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError
-from tuner.server.container import ContainerSection
-from tuner.watch.notify import NotifySection
 
 FLAG_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
-#: search-space keys that are the client's, not the server's: changing them needs no restart
-CLIENT_PARAMS = frozenset({"concurrency", "request-rate"})
-Scalar = str | int | float | bool
-FlagValue = Scalar | list[Scalar]
-Comparison = Literal["gt", "ge", "lt", "le", "ne"]
-__all__ = [
-    "MAX_CONCURRENCY",
-    "MAX_DURATION_S",
-    "MAX_TOKENS",
-    "MAX_TRIALS",
-    "WorkloadSection",
-    "parse_duration",
-]
-
-
-class SSHSection(Model):
-    """How to reach the GPU host (ignored for `host: local`)."""
-
-    user: str | None = None
-    port: int | None = Field(None, ge=1, le=65535)
-    identity_file: str | None = None
-    known_hosts: str | None = None  # default ~/.ssh/known_hosts
-    trust_unknown_host_key: bool = False  # explicit opt-in: accept and remember an unknown key
-    ssh_config: str | None = None  # default ~/.ssh/config (aliases, ProxyJump)
-    password_env: str | None = None  # name of an environment variable; never the password itself
-    use_agent: bool = True  # offer keys from ssh-agent
-    look_for_keys: bool = True  # also try ~/.ssh/id_* keys
-    connect_timeout_s: Duration = 10
-    banner_timeout_s: Duration = 15
-    auth_timeout_s: Duration = 15
-    channel_timeout_s: Duration = 10
-    command_timeout_s: Duration = 60
-    reconnect_attempts: int = Field(3, ge=1, le=20)
-
-
-class Timeouts(Model):
-    """Every wait the lifecycle does, named (seconds)."""
-
-    ready_s: Duration = 900  # start -> /health 200 (weights of a large model load for minutes)
-    stop_s: Duration = 60  # TERM -> group gone, then KILL
-    port_free_s: Duration = 30
-    gpu_free_s: Duration = 120
-    poll_s: Duration = 1.0  # the longest wait between two polls
-    http_s: Duration = 5  # one /health or /get_server_info request
-
-    def poll_waits(self) -> Iterator[float]:
-        """Waits between polls: 0.05 s doubling up to poll_s. A group gone, a port freed or a
-        server ready just after the first look is seen then, not a whole poll_s later (1-3 s of
-        each restart on the simulator); a long start-up is still polled every poll_s."""
-        wait = min(0.05, self.poll_s)
-        while True:
-            yield wait
-            wait = min(wait * 2, self.poll_s)
-
-
-class TargetSection(Model):
-    """Where the server runs and how it is started."""
-
-    host: str = "local"  # `local`, an ssh_config alias, or a host name / address
-    ssh: SSHSection = SSHSection()
-    #: argv before the flags
-    launch: list[str] = Field(default_factory=lambda: ["python", "-m", "sglang.launch_server"])
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-    gpus: str | None = None  # CUDA_VISIBLE_DEVICES
-    port: int = Field(30000, ge=1, le=65535)
-    http_host: str | None = None  # address the tuner reaches the server at (default: the host)
-    api_key_env: str | None = None  # environment variable holding --api-key; never stored
-    #: real SGLang flags tuner's table lacks: passed as given, SGLang judges them (studycheck)
-    unchecked_flags: list[str] = Field(default_factory=list)
-    timeouts: Timeouts = Timeouts()
-    container: ContainerSection | None = None  # run the server in one (schema: server/container.py)
-
-    @field_validator("launch")
-    @classmethod
-    def _launch(cls, v: list[str]) -> list[str]:
-        if not v or not all(isinstance(a, str) and a for a in v):
-            raise ValueError(
-                "expected a non-empty list of arguments, e.g. [python, -m, sglang.launch_server]"
-            )
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-        return v
-
-
-class ParamSpec(Model):
-    """One searched parameter: a range (float or int, optional step, log) or a list of choices."""
-
-    type: Literal["float", "int", "categorical", "bool"] | None = None
-    low: float | None = None
-    high: float | None = None
-    step: float | None = Field(None, gt=0)
-    log: bool = False
-    choices: list[Scalar] | None = None
-    #: only sampled when every named parameter matches: a value, a list of values, or a
-    #: comparison such as {gt: 0}
-    when: dict[str, Scalar | list[Scalar] | dict[Comparison, float]] | None = None
-    search: Literal["inner", "joint"] | None = None  # concurrency only: see tuner/trial/inner.py
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bool_choices(cls, data: Any) -> Any:
-        """`{type: bool, choices: [...]}` samples those choices: true and/or false. One of them
-        alone is a list of one choice (categorical), so the space samples only it."""
-        return bool_choices(data)
-
-    @model_validator(mode="after")
-    def _shape(self) -> ParamSpec:
-        kind = self.kind
-        if kind in ("categorical", "bool"):
-            if self.low is not None or self.high is not None:
-                raise ValueError(f"a {kind} parameter takes choices, not low/high")
-            if self.step is not None or self.log:
-                raise ValueError("step and log apply to a range (low/high), not to choices")
-            if kind == "categorical" and not self.choices:
-                raise ValueError("choices: expected a non-empty list")
-            return self
-        if self.choices is not None and self.type in ("int", "float"):
-            raise ValueError(
-                f"type {self.type} takes low and high, not choices: drop type (a list of "
-                "choices is categorical) or give low and high"
-            )
-        if self.low is None or self.high is None:
-            raise ValueError(
-                "expected high as well as low"
-                if self.low is not None
-                else "expected low as well as high"
-                if self.high is not None
-                else "expected low and high (or choices)"
-            )
-        if self.low >= self.high:
-            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
-        if self.log and self.low <= 0:
-            raise ValueError(f"log scale needs low > 0, got {self.low:g}")
-        if self.log and self.step is not None and kind == "float":
-            raise ValueError("step and log cannot be combined for a float (optuna's rule)")
-        if self.log and self.step is not None and self.step != 1 and kind == "int":
-            # optuna refuses it only when the study samples, after the study is created
-            raise ValueError(
-                f"step ({self.step:g}) and log cannot be combined for an int: a log range "
-                "takes step 1 (optuna's rule); drop step or log"
-            )
-        if self.step is not None and (self.high - self.low) / self.step > MAX_STEPS:
-            raise ValueError(
-                f"step {self.step:g} makes more than {MAX_STEPS:,} points from low to high"
-            )
-        if self.choices is not None:
-            raise ValueError("a range takes low/high, not choices")
-        if kind == "int":
-            for name in ("low", "high", "step"):
-                value = getattr(self, name)
-                if value is not None and value != int(value):
-                    raise ValueError(
-                        f"{name} ({value:g}) must be a whole number for an int parameter"
-                    )
-        return self
-
-    @property
-    def kind(self) -> str:
-        """The parameter's type, inferred when not given: choices -> categorical, ints -> int."""
-        if self.type:
-            return self.type
-        if self.choices is not None:
-            return "categorical"
-        bounds = [v for v in (self.low, self.high, self.step) if v is not None]
-        integer = bounds and all(float(v).is_integer() for v in bounds) and self.step != 0
-        return "int" if integer else "float"
-
-
-class SLOSection(Model):
-    """Latency limits a configuration must meet to count (ms; error rate as a fraction)."""
-
-    p99_ttft_ms: float | None = Field(None, gt=0)
-    p99_tpot_ms: float | None = Field(None, gt=0)
-    p99_itl_ms: float | None = Field(None, gt=0)
-    p99_e2e_latency_ms: float | None = Field(None, gt=0)
-    max_error_rate: float = Field(0.01, ge=0, le=1)
-
-
-class ObjectiveSection(Model):
-    """What to maximise, under which SLOs; optionally a Pareto front against a latency."""
-
-    metric: Metric = (
-        "window_output_throughput"  # old spelling output_throughput: config/objective.py
-    )
-    slo: SLOSection = SLOSection()
-    pareto_latency: (
-        Literal["p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2e_latency_ms"] | None
-    ) = None
 
 
 class BudgetSection(Model):
@@ -500,3 +299,23 @@ def parse_schema(data: Any, source: str = "<study>") -> StudyConfig:
         if extra:
             msg += f" (and {extra} more problem{'s' if extra > 1 else ''})"
         raise ConfigError(msg, file=source, key=key or None) from None
+
+
+#: how long a notify command may run when neither the flag nor the file says
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class NotifySection(BaseModel):
+    """`notify:` in the study file (strict like the rest of it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    command: str
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("expected a shell command, e.g. 'cat > /tmp/tuner-summary.json'")
+        return v

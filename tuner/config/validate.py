@@ -28,17 +28,19 @@ from typing import Any
 
 from tuner.capacity.calculus import GB
 from tuner.capacity.precheck import hicache_ram_problem, parallel_sizes
-from tuner.config.schema import CLIENT_PARAMS, MAX_CONCURRENCY, MAX_TOKENS, ParamSpec, StudyConfig
+from tuner.config.base import MAX_CONCURRENCY, MAX_TOKENS
+from tuner.config.schema import StudyConfig
+from tuner.config.space import CLIENT_PARAMS, ParamSpec
+from tuner.config.target import target_problem
 from tuner.errors import ConfigError, TunerError
 from tuner.loadgen.workload import DEFAULT_POOL, request_pool
+from tuner.search.mode import mode_problem
 from tuner.search.sampler import sampler_problem
 from tuner.search.space import ordered
-from tuner.server.container import target_problem
 from tuner.server.launch import is_secret_name
 from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
 from tuner.sglang.flags import KNOWN_VERSIONS, canonical_flag, flags_for
 from tuner.sglang.tables import STORE_TRUE, Flag
-from tuner.trial.inner import mode_problem
 
 __all__ = ["DEFAULT_POOL", "request_pool"]  # their old home: callers import them from here
 

@@ -8,7 +8,7 @@ import shutil
 import signal
 import subprocess
 
-from tuner.config.schema import SSHSection
+from tuner.config.target import SSHSection
 from tuner.errors import CommandTimeout, HostUnreachable, InfraError
 from tuner.hosts.base import CommandResult, ShellHost
 

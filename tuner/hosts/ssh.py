@@ -26,7 +26,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from tuner.config.schema import SSHSection
+from tuner.config.target import SSHSection
 from tuner.config.yamlfile import special_file
 from tuner.errors import CommandTimeout, ConfigError, HostTrustError, HostUnreachable, InfraError
 from tuner.hosts.base import CommandResult, ShellHost

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.config.schema import WorkloadSection
+from tuner.config.workload import WorkloadSection
 
 #: tuner's backend -> bench_serving's name for the same endpoint
 BACKEND_NAME = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}

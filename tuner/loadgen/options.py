@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tuner.config.schema import MAX_CONCURRENCY, WorkloadSection
+from tuner.config.base import MAX_CONCURRENCY
+from tuner.config.workload import WorkloadSection
 
 #: the self-check's event-loop lag limit for a one-off run (`tuner bench`); a study passes its own
 MAX_LOOP_LAG_MS = 50.0

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.config.schema import StudyConfig, WorkloadSection
+from tuner.config.schema import StudyConfig
+from tuner.config.workload import WorkloadSection
 from tuner.loadgen.options import LoadOptions, load_options
 from tuner.loadgen.timed import Refill
 from tuner.loadgen.workload import EXTENDABLE, Request, more_requests

@@ -21,11 +21,14 @@ import json
 import math
 import random
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.config.schema import MAX_TOKENS, StudyConfig, WorkloadSection
+from tuner.config.base import MAX_TOKENS
+from tuner.config.schema import StudyConfig
+from tuner.config.workload import WorkloadSection
 from tuner.config.yamlfile import special_file
 from tuner.errors import InputFileError
 
@@ -328,3 +331,35 @@ def _jsonl(w: WorkloadSection, n: int, rng: random.Random) -> list[Request]:
             )
         items.append((rec["prompt"], w.dataset_output_len or n_out))
     return _finish(w, n, rng, items)
+
+
+def mean_length(length: int, w: WorkloadSection) -> float:
+    """The mean of the lengths `loadgen.workload.sample_length` draws around `length`."""
+    if w.length_dist == "fixed":
+        return float(length)
+    if w.length_dist == "lognormal":  # median `length`, clipped to [1, 4 L]
+        return min(length * math.exp(w.lognormal_sigma**2 / 2), 4.0 * length)
+    return (max(int(length * w.range_ratio), 1) + length) / 2
+
+
+def request_tokens(
+    w: WorkloadSection, requests: Sequence[Request] | None = None, answer: float = 0.5
+) -> tuple[float, float]:
+    """(tokens a running request holds on average, the share of them a shared prefix holds
+    once): prompt plus half the answer, which is what fills the pool in steady state (`answer`:
+    the share of the answer counted; 1.0 for a request at its full length). The lengths are the
+    ones tuner.loadgen.workload builds; a dataset's are its list's (`requests`)."""
+    if w.kind in ("sharegpt", "jsonl") and requests:
+        prompt = sum(r.prompt_len for r in requests) / len(requests)
+        return prompt + answer * sum(r.output_len for r in requests) / len(requests), 0.0
+    if w.kind == "shared-prefix":  # fixed lengths: every prompt is prefix + question
+        held = w.prefix_len + w.question_len + answer * w.output_len
+        return held, w.prefix_len / held
+    if w.kind in ("sharegpt", "jsonl"):  # no list: input_len is the user's estimate
+        return w.input_len + answer * (w.dataset_output_len or w.output_len), 0.0
+    out = mean_length(w.output_len, w)
+    prompt = mean_length(w.input_len, w)
+    if w.kind == "multi-turn":
+        # the history grows by a question and an answer per turn: the mean over the turns
+        prompt += (w.turns - 1) / 2 * (w.question_len + out)
+    return prompt + answer * out, 0.0

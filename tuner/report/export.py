@@ -31,14 +31,8 @@ from tuner.server.launch import (
     is_secret_name,
     render_sglang_yaml,
 )
-from tuner.verdict.winner import (
-    best_trial,
-    completed,
-    feasible_trials,
-    held_note,
-    server_info_of,
-    versus_runner_up,
-)
+from tuner.verdict.trials import completed, feasible_trials, server_info_of
+from tuner.verdict.winner import best_trial, held_note, versus_runner_up
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
 SERVER_FACTS = (

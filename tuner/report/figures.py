@@ -20,7 +20,8 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config.schema import CLIENT_PARAMS, StudyConfig
+from tuner.config.schema import StudyConfig
+from tuner.config.space import CLIENT_PARAMS
 from tuner.outcome import PESSIMISTIC_LATENCY_MS, Attr, is_feasible
 from tuner.sglang.flags import canonical_flag
 from tuner.verdict.winner import best_trial

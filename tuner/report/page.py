@@ -22,6 +22,7 @@ import optuna
 
 from tuner.config.schema import StudyConfig
 from tuner.outcome import Attr, is_feasible
+from tuner.report.export import write_atomic
 from tuner.report.figures import TEMPLATE, Chart, contour, history, importance, pareto, slices, ttft
 from tuner.report.runs import confirmations, load_search, pool
 from tuner.verdict.winner import best_trial, held_note
@@ -97,7 +98,15 @@ def verdict(cfg: StudyConfig, study: optuna.Study) -> str:
 
 
 def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
-    """Write the report to `path` (parents created); returns it."""
+    """Write the report to `path` atomically (parents created): a failed write leaves the
+    previous report whole, and is one line (InfraError); returns `path`."""
+    page = render(cfg, study)
+    write_atomic(path, lambda to: to.write_text(page))
+    return path
+
+
+def render(cfg: StudyConfig, study: optuna.Study) -> str:
+    """The whole page as one HTML string."""
     sections, scripts = [], []
     for chart in charts(cfg, study):
         body, script = _section(chart)
@@ -105,7 +114,7 @@ def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
         if script:
             scripts.append(script)
     title = html.escape(f"tuner study {cfg.study}")
-    page = (
+    return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{title}</h1>"
         f"<p>{html.escape(cfg.description)}</p>{verdict(cfg, study)}"
@@ -113,9 +122,6 @@ def write_html(cfg: StudyConfig, study: optuna.Study, path: Path) -> Path:
         f"<script>{plotly_js()}</script>"
         f"<script>window.tunerCharts=[];{''.join(scripts)}{_DONE}</script></body></html>"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
-    return path
 
 
 def _cell(v: Any, spec: str = ",.1f") -> str:

@@ -15,6 +15,7 @@ import optuna
 import plotly.graph_objects as go
 from optuna.trial import FrozenTrial
 
+from tuner.capacity.models import hardware_of
 from tuner.capacity.precheck import Hardware, Knowledge, projected_tokens
 from tuner.config.schema import StudyConfig
 from tuner.errors import TunerError
@@ -31,7 +32,8 @@ from tuner.report.figures import (
     score_of,
 )
 from tuner.sglang.flags import normalize_flags
-from tuner.verdict.winner import all_confirmations, best_trial
+from tuner.verdict.trials import all_confirmations
+from tuner.verdict.winner import best_trial
 
 MFS = "mem-fraction-static"
 
@@ -56,8 +58,6 @@ def pool_points(cfg: StudyConfig, study: optuna.Study) -> list[tuple[float, int,
 
 
 def _hardware(cfg: StudyConfig) -> Hardware | None:
-    from tuner.api import hardware_of  # the one place the pre-check's facts are built
-
     try:
         return hardware_of(cfg)
     except TunerError:

@@ -45,12 +45,13 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.capacity.precheck import MEMORY_FLAGS, memory_key
-from tuner.config.schema import CLIENT_PARAMS, StudyConfig
+from tuner.config.schema import StudyConfig
+from tuner.config.space import CLIENT_PARAMS
 from tuner.outcome import POOL_ATTR, Attr, Status, is_feasible
+from tuner.search.mode import NAME, sampled_space
 from tuner.search.space import canonical, distributions
 from tuner.sglang.failures import FailureClass
 from tuner.sglang.flags import normalize_flags
-from tuner.trial.inner import NAME, InnerSearch, sampled_space
 
 MFS = "mem-fraction-static"
 #: the grid a range without a step is bisected on (SGLang reads mfs to any precision; a hundredth
@@ -281,14 +282,15 @@ class ProbeEdge:
         cfg: StudyConfig,
         flags_for: Callable[[Flags], Flags],
         n_trials: int | None = None,
-        inner: InnerSearch | None = None,
+        holds: Holds | None = None,
     ) -> ProbeEdge:
         """The study's probe: on mfs as the sampler proposes it; none when mfs is not searched
-        or `sampler.mfs_edge` is off; `inner`: the study's inner search (what a pool holds)."""
+        or `sampler.mfs_edge` is off; `holds`: what a pool holds (the study's inner search's
+        `InnerSearch.holds`; None without one)."""
         space = sampled_space(cfg)
         dist = distributions(space).get(MFS) if cfg.sampler.mfs_edge else None
         server = [k for k in space if k not in CLIENT_PARAMS]
-        return cls(dist, flags_for, n_trials, None if inner is None else inner.holds, server)
+        return cls(dist, flags_for, n_trials, holds, server)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self.dist is None or trial.state != TrialState.COMPLETE:

@@ -1,20 +1,25 @@
-"""What a sampler needs before a study may start: its optional packages, and for `grid` the
-grid itself (points of every searched parameter) and a size the machine can enumerate. Pure
-but for the package probe; `studycheck` and `study.storage.make_sampler` both ask it, so `tuner check`
-refuses what `tuner tune` would."""
+"""The study's sampler: built from `sampler:` (`make_sampler`), reseeded on resume so a resumed
+run never replays its first proposals, and what a sampler needs before a study may start: its
+optional packages, and for `grid` the grid itself (points of every searched parameter) and a
+size the machine can enumerate. `config.validate` and `make_sampler` both ask it, so `tuner
+check` refuses what `tuner tune` would."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import math
+import warnings
 from typing import Any
 
+import optuna
 import optuna.distributions
+from optuna.samplers import BaseSampler
 
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError
+from tuner.search.mode import sampled_space
 from tuner.search.space import distributions
-from tuner.trial.inner import sampled_space
 
 #: optuna's GridSampler lists every combination up front: beyond this the list alone is GBs,
 #: and a night runs ~50 restarts of it anyway
@@ -84,3 +89,35 @@ def range_points(
     if integer:
         return sorted({round(x) for x in raw})
     return [round(x, 10) for x in raw]
+
+
+def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
+    s = cfg.sampler
+    seed = s.seed if seed is None else seed
+    require_packages(cfg)
+    if s.name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=s.n_startup_trials, multivariate=True, constant_liar=True
+        )
+    if s.name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if s.name == "qmc":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.QMCSampler(seed=seed, scramble=True)
+    if s.name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=s.n_startup_trials)
+    return optuna.samplers.GridSampler(grid(cfg), seed=seed)
+
+
+def reseed_on_resume(cfg: StudyConfig, study: optuna.Study, seed: int | None, worker: str) -> None:
+    """A resumed run must not replay its seed's first draws: they proposed the study's first
+    trials, and each replay is a duplicate that counts toward n_trials. Its sampler's seed is
+    derived from the seed, the trials so far and the worker: still reproducible. A fresh
+    study keeps the seed as given (the same seed, the same first proposals)."""
+    base = cfg.sampler.seed if seed is None else seed
+    n = len(study.get_trials(deepcopy=False))
+    if base is None or n == 0:
+        return
+    digest = hashlib.sha256(f"{base}:{n}:{worker}".encode()).digest()
+    study.sampler = make_sampler(cfg, int.from_bytes(digest[:4], "big"))

@@ -22,10 +22,11 @@ from optuna.distributions import (
 
 from tuner.capacity.precheck import parallel_sizes
 from tuner.config.objective import OLD_METRIC_NAMES
-from tuner.config.schema import CLIENT_PARAMS, ParamSpec, StudyConfig
+from tuner.config.schema import StudyConfig
+from tuner.config.space import CLIENT_PARAMS, ParamSpec
+from tuner.search.mode import search_mode
 from tuner.sglang.defaults import launch_defaults
 from tuner.sglang.flags import canonical_flag, normalize_flags
-from tuner.trial.inner import search_mode
 
 _OPS = {
     "gt": lambda a, b: a > b,

@@ -1,5 +1,5 @@
-"""The server in a container: the study file's `target.container` and every docker/podman
-command line the tuner runs. Pure (no I/O); `server.runtime.ContainerRuntime` runs them.
+"""The server in a container: every docker/podman command line the tuner runs for the study
+file's `target.container` (its schema: `config/target.py`). Pure (no I/O); `server.runtime.ContainerRuntime` runs them.
 
 A container server is started as `RUNTIME run --name NAME --label tuner.marker=MARKER
 [run_options] [-v mounts] [-e NAME ...] IMAGE <target.launch> <flags>` from the launch script,
@@ -25,25 +25,12 @@ import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from tuner.config.target import NAME_RE, ContainerSection
 from tuner.server.launch import LaunchSpec
 
-#: a name docker and podman accept for a container (and for a named volume)
-NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 #: the label every container of a worker carries: `tuner.marker=<marker>`
 LABEL = "tuner.marker"
-#: `SRC:DST[:OPTIONS]`: SRC an absolute host path or a volume name, DST absolute
-_MOUNT_OPTIONS = frozenset({"ro", "rw", "z", "Z"})
-#: run options the tuner owns: it names, labels, attaches to and removes its containers itself
-_OWNED_OPTIONS = {
-    "-d": "the client must stay attached: its output is the server log, its exit the server's",
-    "--detach": "the client must stay attached: its output is the server log, its exit the server's",
-    "--name": "the tuner names its containers (name_prefix) to stop them by name",
-    "--rm": "the tuner removes its containers itself, after reading their exit code and log",
-}
 #: what `runtime top NAME ...` needs to print host pids (the GPU check compares them)
 _TOP_PIDS = {"docker": ["-o", "pid"], "podman": ["hpid"]}
 #: `inspect` of a container that does not exist (docker: "No such container"/"No such object",
@@ -54,98 +41,6 @@ NO_SUCH = re.compile(r"no such (container|object)", re.I)
 HOST_ONLY_ENV = frozenset({"PATH"})
 #: the command inside the container when target.launch is not given (the sglang images' python)
 DEFAULT_LAUNCH = ("python3", "-m", "sglang.launch_server")
-
-
-class ContainerSection(BaseModel):
-    """`target.container`: run the server in a container (strict like the rest of the file)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    runtime: Literal["docker", "podman"] = "docker"
-    image: str
-    name_prefix: str = "tuner"
-    # host networking: SGLang keeps listening on the host's own 127.0.0.1 (its default --host),
-    # where the tuner -- or its SSH tunnel to the host -- reaches it. A published port (-p)
-    # would need SGLang's --host 0.0.0.0 inside the container.
-    run_options: list[str] = ["--gpus", "all", "--ipc", "host", "--network", "host"]
-    mounts: list[str] = []  # SRC:DST[:ro], e.g. /data/models:/models:ro or hf-cache:/root/.cache
-    #: variables passed in as `-e NAME` (values from the launch script's environment: target.env
-    #: or the host's); None = every target.env name but PATH, and CUDA_VISIBLE_DEVICES
-    env: list[str] | None = None
-    stop_timeout_s: int = Field(30, ge=1, le=3600)  # `stop -t`: SIGTERM, then SIGKILL
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        if not v or v.startswith("-") or any(c.isspace() for c in v):
-            raise ValueError(
-                f"expected an image reference such as lmsysorg/sglang:latest, got {v!r}"
-            )
-        return v
-
-    @field_validator("name_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        if not NAME_RE.match(v) or len(v) > 40:
-            raise ValueError(
-                f"{v!r} is not a container name: letters, digits, '_', '.', '-', "
-                "starting with a letter or digit, at most 40 characters"
-            )
-        return v
-
-    @field_validator("run_options")
-    @classmethod
-    def _options(cls, v: list[str]) -> list[str]:
-        for opt in v:
-            if not opt:
-                raise ValueError("an empty argument")
-            why = _OWNED_OPTIONS.get(opt.split("=", 1)[0])
-            if why:
-                raise ValueError(f"{opt} is not allowed: {why}")
-        return v
-
-    @field_validator("mounts")
-    @classmethod
-    def _mounts(cls, v: list[str]) -> list[str]:
-        for m in v:
-            if mount_problem(m):
-                raise ValueError(f"{m!r}: {mount_problem(m)}")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: list[str] | None) -> list[str] | None:
-        for name in v or ():
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return v
-
-
-def mount_problem(mount: str) -> str | None:
-    """Why `mount` is not `SRC:DST[:OPTIONS]`, or None."""
-    parts = mount.split(":")
-    shape = "expected SRC:DST or SRC:DST:ro (SRC an absolute path or a volume name, DST absolute)"
-    if len(parts) not in (2, 3):
-        return shape
-    src, dst = parts[0], parts[1]
-    if not (src.startswith("/") or NAME_RE.match(src)) or not dst.startswith("/"):
-        return shape
-    if len(parts) == 3 and not set(parts[2].split(",")) <= _MOUNT_OPTIONS:
-        return f"options {parts[2]!r}: expected ro, rw, z or Z (comma-separated)"
-    return None
-
-
-def target_problem(launch: Sequence[str], workdir: str | None) -> tuple[str, str | None]:
-    """(key, why not) when target.launch or target.workdir cannot work with a container."""
-    if "{python}" in launch:
-        why = "{python} is the tuner's own Python, not one inside the image; name it (python3)"
-        return "target.launch", why
-    if workdir and (":" in workdir or "," in workdir):
-        return "target.workdir", (
-            f"{workdir!r}: with a container, a path with ':' or ',' cannot be bind-mounted "
-            "(the secret flags' file is written there)"
-        )
-    return "target.container", None
 
 
 def container_name(prefix: str, marker: str | None) -> str:

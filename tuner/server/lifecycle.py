@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.config.schema import Timeouts
+from tuner.config.target import Timeouts
 from tuner.errors import InfraError
 from tuner.hosts.base import Host, mask_file_script
 from tuner.server.endpoint import REACH_GRACE_S, DirectEndpoint, Endpoint, ReachWatch

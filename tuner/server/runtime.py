@@ -19,11 +19,11 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from tuner.config.target import ContainerSection
 from tuner.errors import InfraError, SetupError
 from tuner.hosts.base import EXIT_SUFFIX, CommandResult, Host
 from tuner.server.container import (
     NO_SUCH,
-    ContainerSection,
     container_name,
     list_argv,
     logs_argv,

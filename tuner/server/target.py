@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuner.config.schema import TargetSection
+from tuner.config.target import TargetSection
 from tuner.errors import ConfigError
 from tuner.hosts.local import LocalHost
 from tuner.hosts.ssh import SSHHost, SSHOptions, _resolve

@@ -1,4 +1,12 @@
-"""The simulated SGLang server: SGLang's flags, HTTP API, capacity math and failures, no GPU."""
+"""The simulated SGLang server: SGLang's flags, HTTP API, capacity math and failures, no GPU.
+
+`engine/` (SGLang's scheduler on a virtual clock; pure), `http/` (the server in real time, with
+SGLang's HTTP API), `virtual/` (whole studies in virtual time), `flags` (the played version's
+parser), `profile` (hardware and model scenarios), `startup` (start-up: defaults, memory,
+failures, log lines), `bootstrap` (a started server's engine), `faults` (`--sim-fault`),
+`loglines` (version-dependent log lines), `tokens` (the deterministic tokenizer). The product
+never imports this package but through `tuner sim` and `tuner tune --virtual`.
+"""
 
 from tuner.sglang.tables import BASE_VERSION
 

@@ -15,10 +15,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.config.schema import CLIENT_PARAMS, StudyConfig
+from tuner.config.schema import StudyConfig
+from tuner.config.space import CLIENT_PARAMS
 from tuner.outcome import Attr
+from tuner.search.mode import NAME, inner_mode, sampled_space
 from tuner.search.space import active_params, condition_holds, sglang_defaults
-from tuner.trial.inner import NAME, inner_mode, sampled_space
 
 
 def baseline_params(

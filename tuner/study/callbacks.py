@@ -13,9 +13,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config.schema import BudgetSection, ParamSpec
+from tuner.config.schema import BudgetSection
+from tuner.config.space import ParamSpec
 from tuner.outcome import Attr, Status, retry_attrs
-from tuner.verdict.winner import completed, feasible_trials, measured_before
+from tuner.verdict.trials import completed, feasible_trials, measured_before
 
 #: a probe moves concurrency up (SLOs held) or down (missed) by this factor
 PROBE_FACTOR = 1.5

@@ -12,14 +12,25 @@ failed start) counts 0.0 as before, and so does a miss without tails to pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
-from tuner.config.schema import ObjectiveSection
-from tuner.outcome import TrialOutcome, objective_values
-from tuner.verdict.winner import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed
+from tuner.config.objective import ObjectiveSection
+from tuner.config.schema import StudyConfig
+from tuner.errors import InfraError, TrialTimeout
+from tuner.outcome import TrialOutcome, full_params, objective_values
+from tuner.study.callbacks import RideOut
+from tuner.study.states import STATE_OF
+from tuner.trial.runner import TrialRunner
+from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
+from tuner.verdict.trials import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed, top_trials
+from tuner.verdict.winner import unsettled
+from tuner.watch.events import TrialStarted
 
 #: + ":<worker>": [trials complete, extra confirmation rounds that worker ran at that count]
 ROUNDS_ATTR = "tuner:confirm_rounds"
@@ -80,3 +91,105 @@ class ConfirmRecord:
     def add_round(self) -> None:
         count = [len(completed(self.study)), self.rounds + 1]
         self.study.set_user_attr(self.rounds_key, count)
+
+
+@dataclass
+class Confirmation:
+    """One worker's confirmation of a study's best configurations (`Tuning.confirm`).
+
+    The best `top` feasible configs run `repeats` times, each run on a fresh server (the luck of
+    a start is most of a configuration's noise); the study keeps every value. Then, at most
+    `budget.confirm_extra` rounds of `verdict.winner.unsettled`: a winner with a start that
+    missed on its own, or unsure of holding its limits (verdict/tails.py), runs again beside the
+    best config not yet confirmed, one whose pooled p99 is near a limit runs again, and one
+    within the run-to-run noise of the runner-up beside it: luck loses its lead.
+
+    A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run again,
+    at most budget.infra_retries times per config, then confirmation stops with `error` set.
+    Each run keeps its latency tails: the winner is judged on all its runs' requests together
+    (verdict/winner.py).
+    """
+
+    cfg: StudyConfig
+    study: optuna.Study
+    runner: TrialRunner
+    worker: str
+    trials_dir: Path
+    #: how a host that worked and went away is waited for (as between trials)
+    ride_out: Callable[[], RideOut]
+    on_start: Callable[[int], None]  # a server's process group exists: record it at once
+    stop: Callable[[], None]  # stop the server quietly (a run that timed out or failed)
+    deadline: float | None = None  # the run's --timeout as a runner.clock() value
+    on_progress: Callable[[TrialStarted], None] | None = None
+    #: why confirmation ended early (None: it did not), and how many world failures ended it
+    error: str | None = None
+    world_failures: int = 0
+    _repeats: int = 0
+
+    def run(self, top: int, repeats: int) -> dict[str, list[float]]:
+        """The confirmation values by trial number (this worker's record: workers sharing a
+        study never overwrite each other)."""
+        record = ConfirmRecord(self.study, self.worker)
+        self._repeats = repeats
+        try:
+            for t in top_trials(self.study, top):
+                self._runs(t, record, repeats)
+            extra = self.cfg.budget.confirm_extra - record.rounds if top else 0
+            for done in range(extra):
+                numbers = unsettled(self.study, rounds_left=extra - done)
+                if not numbers:
+                    break
+                for number in numbers:
+                    runs = record.runs(number)
+                    self._repeats = len(runs) + 1
+                    t = self.study.get_trials(deepcopy=False)[number]  # numbers are indexes
+                    self._runs(t, record, len(runs) + 1)
+                record.add_round()
+        except (InfraError, ConfirmTimeUp) as exc:
+            # the study itself is done: export what is confirmed so far rather than nothing
+            self.world_failures += isinstance(exc, InfraError)
+            self.error = str(exc)
+        return record.values
+
+    def _runs(self, t: FrozenTrial, record: ConfirmRecord, until: int) -> None:
+        """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried;
+        a host that went away is waited for as between trials: callbacks.RideOut)."""
+        runs = record.runs(t.number)
+        spoiled, ride = 0, self.ride_out()
+        while len(runs) < until:
+            run = self._once(t, len(runs) + 1)
+            if run is None:
+                spoiled += 1
+                riding = ride.failed(f"a confirmation run of trial {t.number}")
+                if spoiled > self.cfg.budget.infra_retries and not riding:
+                    raise InfraError(
+                        f"trial {t.number}: {spoiled} confirmation runs failed for "
+                        "reasons outside the configuration"
+                    )
+                continue
+            record.add(t.number, *run)
+            ride.reset()
+
+    def _once(self, t: FrozenTrial, n: int) -> tuple[float, Tails] | None:
+        """One confirmation run's (value, tails); None when the world spoiled it."""
+        if self.deadline is not None and self.runner.clock() >= self.deadline:
+            raise ConfirmTimeUp("--timeout reached: confirmation stopped; what ran is kept")
+        if self.on_progress is not None:
+            self.on_progress(TrialStarted(t.number, dict(t.params), n, self._repeats))
+        limit = float(self.cfg.budget.trial_timeout)
+        try:
+            with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
+                outcome = self.runner.run(
+                    t.number,
+                    full_params(t.params, t.user_attrs),  # inner: at its chosen concurrency
+                    self.trials_dir / f"{t.number}-confirm{n}",
+                    on_start=self.on_start,
+                    deadline=self.runner.clock() + limit,
+                    fresh=True,
+                )
+        except (TrialTimeout, InfraError):
+            self.stop()
+            return None
+        if STATE_OF[outcome.status] == TrialState.FAIL:
+            return None
+        return run_value(self.cfg.objective, outcome)

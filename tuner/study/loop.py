@@ -1,6 +1,6 @@
 """The loop of one `tuner tune` run: optuna asks, the runner measures, outcomes become states.
 
-Outcomes map to optuna states in one place, `STATE_OF` (per library-notes.md):
+Outcomes map to optuna states in one place, `STATE_OF` (study/states.py, per library-notes.md):
 
     measured (feasible or SLO missed), rejected by the pre-check,
     failed to start or died for the config's sake   -> COMPLETE, constraints say feasible or not
@@ -26,7 +26,6 @@ import math
 import socket
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +51,11 @@ from tuner.outcome import (
     Status,
     TrialOutcome,
     failed_outcome,
-    full_params,
     named_constraints,
     retry_attrs,
 )
 from tuner.search.edge import ProbeEdge
+from tuner.search.mode import sampled_space
 from tuner.search.space import sample
 from tuner.study.baseline import aim_baseline, baseline_params, fixed_client
 from tuner.study.callbacks import (
@@ -67,19 +66,18 @@ from tuner.study.callbacks import (
     RetryInfraFailures,
     RideOut,
 )
-from tuner.study.confirm import ConfirmRecord, ConfirmTimeUp, Tails, run_value
+from tuner.study.confirm import Confirmation
 from tuner.study.reproduce import counts_as_configs
+from tuner.study.states import SERVER_ATTR, STATE_OF, TuneStats
 from tuner.study.storage import GRACE_S
 from tuner.study.worklock import alive_elsewhere, refuse_twin, stale_trial_ids
-from tuner.trial.inner import sampled_space
 from tuner.trial.runner import TrialRunner
 from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
-from tuner.verdict.winner import completed, measured_before, top_trials, unsettled
+from tuner.verdict.trials import completed, measured_before
 from tuner.watch.events import TrialStarted
 
 IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
-SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
 #: what a duplicate copies from the trial that measured its configuration (not its latency tails:
 #: those are the measuring trial's requests, pooled once, and a duplicate is no candidate)
 DUPLICATE_ATTRS = (
@@ -94,17 +92,6 @@ DUPLICATE_ATTRS = (
     Attr.CLIENT,
 )
 
-#: the one place an outcome becomes an optuna state: FAIL teaches the sampler nothing
-STATE_OF: Mapping[Status, TrialState] = {
-    Status.OK: TrialState.COMPLETE,
-    Status.SLO_MISSED: TrialState.COMPLETE,
-    Status.REJECTED: TrialState.COMPLETE,
-    Status.START_FAILED: TrialState.COMPLETE,
-    Status.DIED: TrialState.COMPLETE,
-    Status.FLAGGED: TrialState.FAIL,
-    Status.WORLD: TrialState.FAIL,
-}
-
 
 def default_worker(host: str) -> str:
     """A worker's name when none is given: this machine and the target it drives."""
@@ -113,14 +100,6 @@ def default_worker(host: str) -> str:
 
 class Untrusted(InfraError):
     """The load run measured the client, not the server: discard, do not learn from it."""
-
-
-@dataclass
-class TuneStats:
-    launched: int = 0
-    rejected: int = 0
-    duplicates: int = 0
-    infra_failures: int = 0
 
 
 class Tuning:
@@ -159,7 +138,6 @@ class Tuning:
         self.deadline: float | None = None  # the run's --timeout as a runner.clock() value
         #: where this run is (worklock.home_of): a same-named worker live elsewhere is refused
         self.home = home
-        self._repeats = 0
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -222,11 +200,12 @@ class Tuning:
         b, clock = self.cfg.budget, self.runner.clock
         self.deadline = None if timeout_s is None else clock() + timeout_s
         runaway = HaltOnRunaway(b.max_consecutive_infra_failures, self.worker, self._ride_out())
+        holds = self.runner.inner.holds if self.runner.inner is not None else None
         callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
             RetryInfraFailures(b.infra_retries),
             ProbeConcurrency(self.cfg.space.get("concurrency"), b, n_trials),
-            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials, self.runner.inner),
+            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials, holds),
         ]
         if self.on_trial:
             callbacks.append(Progress(self.on_trial))
@@ -402,91 +381,32 @@ class Tuning:
     # --- confirmation -----------------------------------------------------------------------
 
     def confirm(self, top: int, repeats: int) -> dict[str, list[float]]:
-        """Re-run the best few feasible configs `repeats` times, each run on a fresh server (the
-        luck of a start is most of a configuration's noise); the study keeps every value. Then,
-        at most `budget.confirm_extra` rounds of `verdict.winner.unsettled`: a winner with a start
-        that missed on its own, or unsure of holding its limits (holdodds), runs again beside
-        the best config not yet confirmed, one whose pooled p99 is near a limit runs again, and
-        one within the run-to-run noise of the runner-up beside it: luck loses its lead.
-
-        A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run
-        again, at most budget.infra_retries times per config, then that config's confirmation
-        stops with `confirm_error` set. Each run keeps its latency tails (study/confirm.py): the
-        winner is judged on all its runs' requests together (verdict/winner.py).
-        """
-        # each worker writes its own record: workers sharing a study never overwrite each other
-        record = ConfirmRecord(self.study, self.worker)
-        self._repeats = repeats
+        """Re-run the best few feasible configs on fresh servers (study/confirm.py), then stop
+        the last server; `confirm_error` says why confirmation ended early, if it did."""
+        confirmation = Confirmation(
+            self.cfg,
+            self.study,
+            self.runner,
+            self.worker,
+            self.trials_dir,
+            ride_out=self._ride_out,
+            on_start=self._record_server,
+            stop=self._stop_quietly,
+            deadline=self.deadline,
+            on_progress=self.on_progress,
+        )
         try:
-            for t in top_trials(self.study, top):
-                self._confirm_runs(t, record, repeats)
-            extra = self.cfg.budget.confirm_extra - record.rounds if top else 0
-            for done in range(extra):
-                numbers = unsettled(self.study, rounds_left=extra - done)
-                if not numbers:
-                    break
-                for number in numbers:
-                    runs = record.runs(number)
-                    self._repeats = len(runs) + 1
-                    t = self.study.get_trials(deepcopy=False)[number]  # numbers are indexes
-                    self._confirm_runs(t, record, len(runs) + 1)
-                record.add_round()
-        except (InfraError, ConfirmTimeUp) as exc:
-            # the study itself is done: export what is confirmed so far rather than nothing
-            self.stats.infra_failures += isinstance(exc, InfraError)
-            self.confirm_error = str(exc)
+            return confirmation.run(top, repeats)
         finally:
+            self.stats.infra_failures += confirmation.world_failures
+            self.confirm_error = confirmation.error
             self._stop_quietly()
             self.study.set_user_attr(SERVER_ATTR + self.worker, None)
-        return record.values
 
     def _ride_out(self) -> RideOut:
         """How this run waits for a host that worked and went away (callbacks.RideOut)."""
         r, tolerance = self.runner, self.cfg.budget.outage_tolerance
         return RideOut(tolerance, lambda: r.started, r.clock, r.sleep, self.say, self.deadline)
-
-    def _confirm_runs(self, t: FrozenTrial, record: ConfirmRecord, until: int) -> None:
-        """Confirmation runs of `t` until it has `until` of this worker's (spoiled ones retried;
-        a host that went away is waited for as between trials: callbacks.RideOut)."""
-        runs = record.runs(t.number)
-        spoiled, ride = 0, self._ride_out()
-        while len(runs) < until:
-            run = self._confirm_once(t, len(runs) + 1)
-            if run is None:
-                spoiled += 1
-                riding = ride.failed(f"a confirmation run of trial {t.number}")
-                if spoiled > self.cfg.budget.infra_retries and not riding:
-                    raise InfraError(
-                        f"trial {t.number}: {spoiled} confirmation runs failed for "
-                        "reasons outside the configuration"
-                    )
-                continue
-            record.add(t.number, *run)
-            ride.reset()
-
-    def _confirm_once(self, t: FrozenTrial, n: int) -> tuple[float, Tails] | None:
-        """One confirmation run's (value, tails); None when the world spoiled it."""
-        if self.deadline is not None and self.runner.clock() >= self.deadline:
-            raise ConfirmTimeUp("--timeout reached: confirmation stopped; what ran is kept")
-        if self.on_progress is not None:
-            self.on_progress(TrialStarted(t.number, dict(t.params), n, self._repeats))
-        limit = float(self.cfg.budget.trial_timeout)
-        try:
-            with watchdog(limit + WATCHDOG_GRACE_S, lambda: self.runner.phase):
-                outcome = self.runner.run(
-                    t.number,
-                    full_params(t.params, t.user_attrs),  # inner: at its chosen concurrency
-                    self.trials_dir / f"{t.number}-confirm{n}",
-                    on_start=self._record_server,
-                    deadline=self.runner.clock() + limit,
-                    fresh=True,
-                )
-        except (TrialTimeout, InfraError):
-            self._stop_quietly()
-            return None
-        if STATE_OF[outcome.status] == TrialState.FAIL:
-            return None
-        return run_value(self.cfg.objective, outcome)
 
     def _record_server(self, pgid: int) -> None:
         self.study.set_user_attr(SERVER_ATTR + self.worker, pgid)

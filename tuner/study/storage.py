@@ -8,7 +8,6 @@ the loop in study/loop.py, the queries over its trials in verdict/winner.py.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -21,7 +20,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from tuner.config.schema import StudyConfig
 from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError, InfraError, StudyMismatchError
-from tuner.search.sampler import grid, require_packages
+from tuner.search.sampler import make_sampler
 from tuner.search.space import fingerprint, hosted_target_hash
 
 HEARTBEAT_S = 30
@@ -286,38 +285,6 @@ DISK_FULL = "database or disk is full"
 def _where(url: str) -> str:
     """A storage URL as a message names it: a SQLite file by its path, others masked."""
     return url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else masked(url)
-
-
-def make_sampler(cfg: StudyConfig, seed: int | None = None) -> BaseSampler:
-    s = cfg.sampler
-    seed = s.seed if seed is None else seed
-    require_packages(cfg)
-    if s.name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=s.n_startup_trials, multivariate=True, constant_liar=True
-        )
-    if s.name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if s.name == "qmc":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.QMCSampler(seed=seed, scramble=True)
-    if s.name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=s.n_startup_trials)
-    return optuna.samplers.GridSampler(grid(cfg), seed=seed)
-
-
-def reseed_on_resume(cfg: StudyConfig, study: optuna.Study, seed: int | None, worker: str) -> None:
-    """A resumed run must not replay its seed's first draws: they proposed the study's first
-    trials, and each replay is a duplicate that counts toward n_trials. Its sampler's seed is
-    derived from the seed, the trials so far and the worker: still reproducible. A fresh
-    study keeps the seed as given (the same seed, the same first proposals)."""
-    base = cfg.sampler.seed if seed is None else seed
-    n = len(study.get_trials(deepcopy=False))
-    if base is None or n == 0:
-        return
-    digest = hashlib.sha256(f"{base}:{n}:{worker}".encode()).digest()
-    study.sampler = make_sampler(cfg, int.from_bytes(digest[:4], "big"))
 
 
 def directions(cfg: StudyConfig) -> list[str]:

@@ -1,22 +1,14 @@
-"""Two-level search: which studies find concurrency on the running server, and one trial's
-inner search on a `TrialRunner` (load runs -> points -> one outcome).
+"""One server's inner search on a `TrialRunner`: load runs at chosen concurrencies -> points ->
+the trial's outcome.
 
-`space.concurrency.search` chooses:
-
-- `inner`: the sampler proposes server configurations only (`sampled_space` drops
-  concurrency); each server that starts gets `search.inner.search` over concurrency, a few load
-  runs and never a restart. The trial's value is its point that the study's curve pooled over
-  its servers ranks best (search/curve.py), as measured; every point is kept
-  (`Attr.LOAD_POINTS`, `trials/<n>/points.json`) and the winner's concurrency is the trial's
-  `Attr.CLIENT`, which confirmation re-runs and the export recommends.
-- `joint`: concurrency is one more sampled parameter (with concurrency probes), as before.
-
-Unset, a log or linear concurrency range searches `DEFAULT_SEARCH`; a list of choices, a
-client-side request rate (`workload.request_rate` or a searched `request-rate`), a Pareto
-objective, a concurrency under `when:` and a space of concurrency alone keep `joint`. A study
-without concurrency in its space runs at `workload.concurrency` (uncapped under a request rate:
-loadgen/plan.py). The search runs only the range's points (`step`); the baseline's concurrency is
-where trial 0's search starts (`InnerSearch.start_next`).
+`InnerSearch` is the inner search of one `tuner tune` run (search/mode.py says when it runs):
+on each server that starts it places a few load runs with `search.inner.search`, starting where
+the KV pool admits the workload (`bounds`) or near the study's best concurrency so far, looks in
+the widest gap no server measured (`widest_gap`), and picks the point the study's curve pooled
+over its servers ranks best (search/curve.py). Every point is kept (`Attr.LOAD_POINTS`,
+`trials/<n>/points.json`); the winner's concurrency is the trial's `Attr.CLIENT`, which
+confirmation re-runs and the export recommends. The baseline's concurrency is where trial 0's
+search starts (`InnerSearch.start_next`).
 """
 
 from __future__ import annotations
@@ -29,8 +21,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config.schema import CLIENT_PARAMS, ParamSpec, StudyConfig, WorkloadSection
-from tuner.loadgen.workload import Request, request_pool, requests_for
+from tuner.config.schema import StudyConfig
+from tuner.loadgen.workload import Request, request_pool, request_tokens, requests_for
 from tuner.outcome import (
     POOL_ATTR,
     Attr,
@@ -42,16 +34,13 @@ from tuner.outcome import (
 )
 from tuner.search.curve import fit, narrowed
 from tuner.search.inner import Bounds, Point, knee, search, start_at
+from tuner.search.mode import NAME
 from tuner.sglang.failures import FailureClass
-from tuner.verdict.odds import exceed_odds
-from tuner.verdict.tails import SLO_MARGIN
+from tuner.verdict.tails import SLO_MARGIN, exceed_odds
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-#: the mode of a concurrency range whose `search:` is unset (from tests/bench/bench_search.py)
-DEFAULT_SEARCH = "inner"
-NAME = "concurrency"
 #: a point is not started when less than this many times the last point's time is left
 TIME_MARGIN = 1.2
 LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
@@ -59,117 +48,6 @@ LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
 #: at least this likely (holdodds.exceed_odds, under 0.5 only where more than 1% were beyond:
 #: 3 of 297 beyond gives 0.45; 2 of 297 is no more than a p99 lets past)
 EXCEED_CLEAR = 0.5
-
-
-def search_mode(cfg: StudyConfig) -> str:
-    """`inner`, `joint`, or `fixed` (concurrency is not searched)."""
-    spec = cfg.space.get(NAME)
-    if spec is None:
-        return "fixed"
-    if spec.search:
-        return spec.search
-    rate = cfg.workload.request_rate is not None or "request-rate" in cfg.space
-    alone = all(k in CLIENT_PARAMS for k in cfg.space)  # one server: nothing to sample above it
-    if spec.choices is not None or rate or cfg.objective.pareto_latency or spec.when or alone:
-        return "joint"
-    return DEFAULT_SEARCH
-
-
-def inner_mode(cfg: StudyConfig) -> bool:
-    return search_mode(cfg) == "inner"
-
-
-def sampled_space(cfg: StudyConfig) -> dict[str, ParamSpec]:
-    """What the sampler proposes: the space, less concurrency when the inner search finds it."""
-    if inner_mode(cfg):
-        return {k: v for k, v in cfg.space.items() if k != NAME}
-    return dict(cfg.space)
-
-
-#: a duration-bound load run takes its window plus warm-up, cache flush and the cut's drain:
-#: about this share of the window more, and this many seconds (measured on the simulator)
-RUN_OVERHEAD = 0.1
-RUN_OVERHEAD_S = 5.0
-
-
-def trial_time_problem(cfg: StudyConfig) -> str | None:
-    """A warning when budget.trial_timeout cannot hold the inner search's load runs (the search
-    then stops at the deadline with fewer points than budget.inner_runs); None when it can or
-    when the runs' length is not known (a request-count bound)."""
-    window = cfg.workload.duration_s
-    if not inner_mode(cfg) or window is None:
-        return None
-    runs, limit = cfg.budget.inner_runs, float(cfg.budget.trial_timeout)
-    each = window * (1 + RUN_OVERHEAD) + RUN_OVERHEAD_S
-    if runs * each <= limit:
-        return None
-    fits = max(1, int(limit // each))
-    return (
-        f"budget.trial_timeout {limit:g} s holds about {fits} of the inner search's "
-        f"{runs} load runs (budget.inner_runs; ~{each:.0f} s each with a {window:g} s window), "
-        f"before counting the server's start: each server would be searched with fewer points. "
-        f"Raise budget.trial_timeout to at least {runs * each:.0f} s plus the start-up time, "
-        "or lower budget.inner_runs"
-    )
-
-
-def mode_problem(cfg: StudyConfig) -> tuple[str, str] | None:
-    """(key, why) when `search:` is set where it cannot work; None when it is fine."""
-    for name, spec in cfg.space.items():
-        if spec.search and name != NAME:
-            return f"space.{name}.search", "only concurrency (a client-side knob) takes search:"
-    if inner_mode(cfg):
-        for name, spec in cfg.space.items():
-            if NAME in (spec.when or {}):
-                return f"space.{name}.when", (
-                    f"cannot depend on {NAME}: the inner search finds it on the running server, "
-                    "after the flags are chosen (or set space.concurrency.search: joint)"
-                )
-    spec = cfg.space.get(NAME)
-    if spec is None or spec.search != "inner":
-        return None
-    key = f"space.{NAME}.search"
-    if spec.choices is not None or spec.kind != "int":
-        return key, "inner needs an integer range (low, high), not choices"
-    if spec.when:
-        return key, "inner needs concurrency searched on every server (no when:)"
-    if cfg.workload.request_rate is not None or "request-rate" in cfg.space:
-        return key, "inner searches a closed loop's concurrency; with a request rate use joint"
-    if cfg.objective.pareto_latency:
-        return key, "inner keeps the best throughput; with objective.pareto_latency use joint"
-    return None
-
-
-def mean_length(length: int, w: WorkloadSection) -> float:
-    """The mean of the lengths `loadgen.workload.sample_length` draws around `length`."""
-    if w.length_dist == "fixed":
-        return float(length)
-    if w.length_dist == "lognormal":  # median `length`, clipped to [1, 4 L]
-        return min(length * math.exp(w.lognormal_sigma**2 / 2), 4.0 * length)
-    return (max(int(length * w.range_ratio), 1) + length) / 2
-
-
-def request_tokens(
-    w: WorkloadSection, requests: Sequence[Request] | None = None, answer: float = 0.5
-) -> tuple[float, float]:
-    """(tokens a running request holds on average, the share of them a shared prefix holds
-    once): prompt plus half the answer, which is what fills the pool in steady state (`answer`:
-    the share of the answer counted; 1.0 for a request at its full length). The lengths are the
-    ones tuner.loadgen.workload builds; a dataset's are its list's (`requests`)."""
-    if w.kind in ("sharegpt", "jsonl") and requests:
-        prompt = sum(r.prompt_len for r in requests) / len(requests)
-        return prompt + answer * sum(r.output_len for r in requests) / len(requests), 0.0
-    if w.kind == "shared-prefix":  # fixed lengths: every prompt is prefix + question
-        held = w.prefix_len + w.question_len + answer * w.output_len
-        return held, w.prefix_len / held
-    if w.kind in ("sharegpt", "jsonl"):  # no list: input_len is the user's estimate
-        return w.input_len + answer * (w.dataset_output_len or w.output_len), 0.0
-    out = mean_length(w.output_len, w)
-    prompt = mean_length(w.input_len, w)
-    if w.kind == "multi-turn":
-        # the history grows by a question and an answer per turn: the mean over the turns
-        prompt += (w.turns - 1) / 2 * (w.question_len + out)
-    return prompt + answer * out, 0.0
 
 
 #: the inner search's step and resolution on a server after the first that found a best

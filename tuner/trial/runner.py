@@ -53,11 +53,12 @@ from tuner.errors import InfraError, TrialTimeout
 from tuner.loadgen.metrics import goodput
 from tuner.loadgen.names import trial_run_keys
 from tuner.outcome import Status, TrialOutcome, failed_outcome, measured_outcome
+from tuner.search.mode import inner_mode
 from tuner.search.space import canonical, client_params, server_flags
 from tuner.server.launch import LaunchSpec, build_launch, server_log_path, shown_command
 from tuner.server.lifecycle import ServerDeath, StartResult
 from tuner.sglang.failures import FailureClass, is_config_failure
-from tuner.trial.inner import InnerSearch, inner_mode
+from tuner.trial.inner import InnerSearch
 from tuner.trial.learning import learned_death, learned_failure, learned_start, recalled
 from tuner.trial.rejected import rejected_flags, study_file_at_fault
 from tuner.verdict.tails import tails_of
@@ -66,8 +67,8 @@ from tuner.watch.events import PhaseChanged
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.config.schema import SLOSection
-    from tuner.loadgen import LoadResult
+    from tuner.config.objective import SLOSection
+    from tuner.loadgen.result import LoadResult
 
 #: after a run stopped by errors, how long to watch for the server's death before blaming errors
 DEATH_GRACE_S = 5.0

@@ -1,7 +1,11 @@
-"""Queries over a study's trials: completed, feasible, the best, confirmations. No writes.
+"""The winner of a study: its configurations ranked by what a start of theirs is worth, how far
+the best leads the runner-up, and what confirmation should run again. No writes.
 
-`tuner status`, `export`, `report` and the loop read the study through these, so "feasible",
-"best" and "measured before" mean the same everywhere.
+A candidate holds its SLOs on every request of its runs pooled (verdict/tails.py); a run that
+missed on its own counts 0 in its mean (a server serves on the luck of one start), and a pass
+within the noise of a limit counts its odds of holding. `best_trial` picks the winner,
+`versus_runner_up` says whether its lead is beyond the run-to-run noise, `unsettled` names what
+confirmation runs again (a shaky winner, a tie the rounds left could part).
 """
 
 from __future__ import annotations
@@ -10,17 +14,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
-from tuner.outcome import Attr, full_params, is_feasible
+from tuner.outcome import Attr, full_params
 from tuner.search.space import canonical
-from tuner.verdict.odds import exceed_odds, hold_odds, log_ratios, noise_sd
-from tuner.verdict.tails import near_limits, pooled_verdict
+from tuner.verdict.tails import (
+    exceed_odds,
+    hold_odds,
+    log_ratios,
+    near_limits,
+    noise_sd,
+    pooled_verdict,
+)
+from tuner.verdict.trials import all_confirm_tails, all_confirmations, feasible_trials, top_trials
 
-#: study attribute prefix of one worker's confirmation runs (+ ":" + worker)
-CONFIRM_ATTR = "tuner:confirmations"
-#: ... and of their latency tails, {trial: [tails or None, ...]} index by index with the values
-CONFIRM_TAILS_ATTR = "tuner:confirm_tails"
 #: odds of holding the limits below this are worth saying (export, status)
 ODDS_SHOWN = 0.995
 #: odds of holding the limits from which a candidate counts as steady (about two standard
@@ -28,73 +35,6 @@ ODDS_SHOWN = 0.995
 #: beside a fresh candidate; above, the noise of a few runs does not charge a steady one (a
 #: charge at 0.98 moved Llama-70B picks off a steady concurrency that held 8 sets of 8)
 ODDS_STEADY = 0.975
-
-
-def completed(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-
-
-def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Completed, feasible trials that measured (duplicates answer from an earlier trial)."""
-    return [
-        t
-        for t in completed(study)
-        if t.values is not None
-        and is_feasible(t.constraints)
-        and Attr.DUPLICATE_OF not in t.user_attrs
-    ]
-
-
-def measured_before(
-    study: optuna.Study, params: Mapping[str, Any], number: int
-) -> FrozenTrial | None:
-    """A completed trial other than `number` with the same configuration, if any."""
-    key = canonical(params)
-    for t in completed(study):
-        if t.number != number and canonical(t.params) == key and t.values is not None:
-            return t
-    return None
-
-
-def top_trials(study: optuna.Study, top: int) -> list[FrozenTrial]:
-    """The best `top` feasible trials by the first objective, one per distinct configuration."""
-    seen: set[str] = set()
-    out = []
-    for t in sorted(feasible_trials(study), key=lambda t: t.values[0], reverse=True):
-        key = canonical(t.params)
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out[:top]
-
-
-def all_confirmations(study: optuna.Study) -> dict[str, list[float]]:
-    """Confirmation runs by trial number, merged over every worker's record."""
-    merged: dict[str, list[float]] = {}
-    for key, runs in study.user_attrs.items():
-        if key.startswith(CONFIRM_ATTR + ":"):
-            for trial, values in (runs or {}).items():
-                merged.setdefault(trial, []).extend(values)
-    return merged
-
-
-def aligned(values: Sequence[float], tails: Sequence[Any] | None) -> list[Any]:
-    """One worker's tails of one trial, index by index with its values: None for a run that kept
-    none (a death, a study before tails); a tail written just before a kill, without its value,
-    is dropped (the run is run again)."""
-    return [*(tails or ()), *[None] * len(values)][: len(values)]
-
-
-def all_confirm_tails(study: optuna.Study) -> dict[str, list[dict[str, Any] | None]]:
-    """Confirmation runs' tails by trial number, aligned with `all_confirmations`' values."""
-    attrs = study.user_attrs
-    merged: dict[str, list[dict[str, Any] | None]] = {}
-    for key, runs in attrs.items():
-        if key.startswith(CONFIRM_ATTR + ":"):
-            tails = attrs.get(CONFIRM_TAILS_ATTR + key.removeprefix(CONFIRM_ATTR)) or {}
-            for trial, values in (runs or {}).items():
-                merged.setdefault(trial, []).extend(aligned(values, tails.get(trial)))
-    return merged
 
 
 class Candidate(NamedTuple):
@@ -326,13 +266,3 @@ def _load_level(t: FrozenTrial) -> float | None:
         if isinstance(params.get(name), int | float):
             return float(params[name])
     return None
-
-
-def server_info_of(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-    """Server info of a trial, or of the trial that started the server it reused."""
-    if trial.user_attrs.get(Attr.SERVER_INFO):
-        return dict(trial.user_attrs[Attr.SERVER_INFO])
-    for t in reversed(completed(study)[: trial.number]):
-        if t.user_attrs.get(Attr.SERVER_INFO):
-            return dict(t.user_attrs[Attr.SERVER_INFO])
-    return {}

@@ -2,7 +2,7 @@
 
 `tuner tune --notify CMD` (or the study file's `notify:` section) runs CMD with `sh -c` on the
 machine running the tuner when the run ends, fails or stops early (a halt, Ctrl-C, SIGTERM).
-The summary (tuner/watch/summary.py) arrives on stdin; CMD sees the tuner's environment, plus
+The summary (tuner/report/summary.py) arrives on stdin; CMD sees the tuner's environment, plus
 `TUNER_EVENT` (finished, failed, stopped, interrupted) and `TUNER_STUDY`. CMD runs in its own
 process group under a deadline (`timeout_s`), killed as a group past it; whatever goes wrong
 with it is one line on stderr and never changes the study's outcome or exit code. Its stdout
@@ -23,26 +23,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-#: how long a notify command may run when neither the flag nor the file says
-DEFAULT_TIMEOUT_S = 30.0
-
-
-class NotifySection(BaseModel):
-    """`notify:` in the study file (strict like the rest of it)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    command: str
-    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
-
-    @field_validator("command")
-    @classmethod
-    def _command(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("expected a shell command, e.g. 'cat > /tmp/tuner-summary.json'")
-        return v
+from tuner.config.schema import DEFAULT_TIMEOUT_S, NotifySection
 
 
 def notify_for(command: str | None, section: NotifySection | None) -> NotifySection | None:

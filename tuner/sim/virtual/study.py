@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tuner.api import STUDY_MAX_LOOP_LAG_MS, Seams, hardware_of, study_requests
+from tuner.api import STUDY_MAX_LOOP_LAG_MS, Seams, study_requests
+from tuner.capacity.models import hardware_of
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, HostUnreachable, TunerError
 from tuner.loadgen.plan import refill_for, study_load_options

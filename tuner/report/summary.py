@@ -36,7 +36,8 @@ from tuner.outcome import Attr, Status
 from tuner.server.launch import MIN_MASKED_LEN, REDACTED
 from tuner.study.storage import existing_study
 from tuner.study.storage_failure import storage_failure
-from tuner.verdict.winner import best_trial, feasible_trials
+from tuner.verdict.trials import feasible_trials
+from tuner.verdict.winner import best_trial
 
 SCHEMA = "tuner.notify/1"
 

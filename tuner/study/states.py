@@ -1,0 +1,32 @@
+"""What a `tuner tune` run records of its trials beyond their outcomes: the one place an
+outcome becomes an optuna state, the live server a worker left running, the run's counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from optuna.trial import TrialState
+
+from tuner.outcome import Status
+
+SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
+
+#: the one place an outcome becomes an optuna state: FAIL teaches the sampler nothing
+STATE_OF: Mapping[Status, TrialState] = {
+    Status.OK: TrialState.COMPLETE,
+    Status.SLO_MISSED: TrialState.COMPLETE,
+    Status.REJECTED: TrialState.COMPLETE,
+    Status.START_FAILED: TrialState.COMPLETE,
+    Status.DIED: TrialState.COMPLETE,
+    Status.FLAGGED: TrialState.FAIL,
+    Status.WORLD: TrialState.FAIL,
+}
+
+
+@dataclass
+class TuneStats:
+    launched: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    infra_failures: int = 0
