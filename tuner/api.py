@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.capacity.calculus import GB
 from tuner.capacity.models import hardware_of
 from tuner.capacity.precheck import parse_meminfo, with_available_ram
-from tuner.check import before_night
+from tuner.check.plan import before_night
 from tuner.config.schema import StudyConfig
 from tuner.config.validate import request_pool
 from tuner.errors import ConfigError, HostUnreachable, InfraError
@@ -247,7 +247,7 @@ def say_others_running(study: optuna.Study, worker: str, events: Events) -> None
 def window_watch(cfg: StudyConfig, events: Events) -> Callable[[FrozenTrial], None]:
     """`events.on_trial`, and once per run a warning when a trial's load run measured its
     window's ramp-up rather than a steady state (loadgen/window.py), and once when its request list
-    ran out before the window's end (a finite list: studyload.short_list_problem)."""
+    ran out before the window's end (a finite list: loadgen.plan.short_list_problem)."""
     warned = False
     exhausted = False
 
@@ -397,8 +397,8 @@ def watch_seams(seams: Seams, events: Events) -> None:
 
 def study_requests(cfg: StudyConfig) -> list[Request]:
     """The study's one fixed request list (every trial sends the same requests; a window's run
-    of a random or multi-turn kind tops it up, studyload.refill_for); its size is the one
-    studycheck bounded. A dataset with fewer records than workload.num_requests is refused."""
+    of a random or multi-turn kind tops it up, loadgen.plan.refill_for); its size is the one
+    config.validate bounded. A dataset with fewer records than workload.num_requests is refused."""
     w = cfg.workload
     requests = requests_for(w, num_requests=request_pool(cfg))
     if w.num_requests is not None and len(requests) < w.num_requests:

@@ -110,7 +110,7 @@ class Attr(StrEnum):
     REPRODUCED = "reproduced"
     LOAD_POINTS = "load_points"  # the inner search's load runs on its server (report/runs.py)
     CLIENT = "inner_client"  # the client params the inner search chose (its best point's)
-    #: the measured run's latency bins and request counts (pooled.tails_of; inner: the best
+    #: the measured run's latency bins and request counts (verdict.tails.tails_of; inner: the best
     #: point's), pooled with its confirmation runs' for the winner's verdict (verdict/winner.py)
     TAILS = "latency_tails"
 
@@ -165,7 +165,9 @@ class TrialOutcome:
     flags: Mapping[str, Any] = field(default_factory=dict)
     points: tuple[Mapping[str, Any], ...] = ()  # the inner search's load runs (trial/inner.py)
     client: Mapping[str, Any] = field(default_factory=dict)  # the inner search's best
-    tails: Mapping[str, Any] | None = None  # a measured run's pooled.tails_of (None: none kept)
+    tails: Mapping[str, Any] | None = (
+        None  # a measured run's verdict.tails.tails_of (None: none kept)
+    )
 
     @property
     def feasible(self) -> bool:

@@ -16,19 +16,16 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import REPO
 from tests.helpers.simproc import sim_server
 from tuner.config.workload import WorkloadSection
 from tuner.loadgen.options import load_options
 from tuner.loadgen.result import LoadResult
 from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.workload import requests_for
-
-#: test_loadgen_fake.py runs as a script: a zero-cost streaming server that prints its port
-INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
 pytestmark = pytest.mark.bench
 
@@ -39,7 +36,9 @@ CONCURRENCIES = (64, 256, 512)
 def fake_server() -> Iterator[str]:
     """The fake SGLang as a subprocess (its own core), ended by its process group."""
     proc = subprocess.Popen(
-        [sys.executable, str(INTEGRATION / "test_loadgen_fake.py")],
+        # a zero-cost streaming server that prints its port
+        [sys.executable, "-m", "tests.helpers.fake_http"],
+        cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

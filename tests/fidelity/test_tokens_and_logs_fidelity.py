@@ -1,7 +1,7 @@
 """The simulator's tokenizer story, /generate's meta_info, and what a client disconnect logs.
 
 Tokenizer: SGLang counts with the model's tokenizer; the simulator's own (tuner/sim/tokens.py,
-README "The simulator's tokenizer") must keep text and ids consistent: generated text
+docs/simulator.md, "The simulator's tokenizer") must keep text and ids consistent: generated text
 retokenizes to the count the server reported, ids -> text -> ids is exact, and the tuner's
 synthetic `w<id>` prompts count one token per word.
 """

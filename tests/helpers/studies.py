@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from tests.helpers.net import free_port
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
+#: `python -m tuner`: this checkout's tuner as a command line, for what `tuner()` cannot run
+#: (a background `tuner tune` under Popen, a wrapper's prefix, a CLI form beside another)
+TUNER = (sys.executable, "-m", "tuner")
+
+#: the smallest study file parse_study accepts: a name, a model, one searched parameter
+MINIMAL_STUDY: dict[str, Any] = {
+    "study": "s",
+    "server": {"model-path": "m"},
+    "space": {"concurrency": {"low": 1, "high": 8}},
+}
 
 
 def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) -> Path:
@@ -41,26 +54,61 @@ def study_file(tmp: Path, name: str = "e2e", n_trials: int = 5, **over: object) 
     # another test keeps up (at ~120 streams its event loop lagged past the 250 ms that flags a
     # run as not trusted, and three such trials in a row halt a study)
     data["space"]["concurrency"].update(low=8, high=64)
+    _override(data, over)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def study_dict(**over: Any) -> dict[str, Any]:
+    """A study file's mapping, as parse_study reads it: MINIMAL_STUDY (study `s`, model `m`,
+    concurrency 1-8 searched) with `over` applied, a fresh copy each call.
+
+    `section=value` sets a whole top-level key (`space={...}`, `objective={...}`, `bogus=1`),
+    `section__field=value` one field of a section (`budget__n_trials=4`), as `study_file` does;
+    a key keeps its place in MINIMAL_STUDY's order, a new one comes after."""
+    data = copy.deepcopy(MINIMAL_STUDY)
+    _override(data, copy.deepcopy(over))
+    return data
+
+
+def _override(data: dict[str, Any], over: Mapping[str, Any]) -> None:
     for key, value in over.items():
         section, _, field = key.partition("__")
         if field:
             data.setdefault(section, {})[field] = value
         else:
             data[section] = value
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
-def tuner(*args: str, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`python -m tuner ARGS` (this checkout's tuner, from any `cwd`)."""
+def tuner_env(env: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of a `tuner` subprocess: this process's, `env` on top of it (a None value
+    unsets that variable), and PYTHONPATH this checkout (its tuner whatever is installed)."""
+    out = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    out["PYTHONPATH"] = str(REPO)
+    return out
+
+
+def tuner(
+    *args: str,
+    timeout: float = 300,
+    cwd: Path | str = REPO,
+    env: Mapping[str, str | None] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`python -m tuner ARGS` run to its end (this checkout's tuner, from any `cwd`): its exit
+    code, stdout and stderr as text. `env`: variables set (None: unset) for this run only."""
     return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
+        [*TUNER, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=tuner_env(env),
     )
 
 

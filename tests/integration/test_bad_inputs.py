@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -36,10 +35,10 @@ import pytest
 import yaml
 
 from tests.helpers.net import free_port
+from tests.helpers.studies import REPO, TUNER, tuner_env
 from tuner.cli import main as tuner_main
 from tuner.config.workload import KINDS_OF_KEY
 
-REPO = Path(__file__).resolve().parents[2]
 #: the password planted in storage URLs: it must never be printed
 PASSWORD = "hunter2-planted-secret"
 #: root ignores file modes: read-only cases run without the capabilities that bypass them
@@ -1329,9 +1328,9 @@ def run_subprocess(case: Case, root: Path) -> Outcome:
     args = [a if a != "PG" else _pg_url() for a in case.args]
     prefix = NO_DAC if case.no_dac and os.geteuid() == 0 and shutil.which("setpriv") else []
     before = tree(cwd)
-    env = {**os.environ, "PYTHONPATH": str(REPO), **case.env}
+    env = tuner_env(case.env)  # this checkout on PYTHONPATH, as `tuner()` runs it
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "tuner", *args],
+        [*prefix, *TUNER, *args],
         cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

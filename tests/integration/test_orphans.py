@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.orphans import DIE_WITH_PARENT
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SPAWN = (
     "import sys, time\n"
     "from tests.helpers.simproc import SimProc\n"

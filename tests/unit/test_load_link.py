@@ -4,17 +4,15 @@ failure. The endpoint and the load are fakes: this is the fault path's logic."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from tests.helpers.paths import REPO
 from tuner import api
 from tuner.config.load import load_study
 from tuner.errors import HostUnreachable
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Link:

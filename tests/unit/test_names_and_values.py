@@ -11,6 +11,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from rich.console import Console
 
+from tests.helpers.studies import study_dict
 from tuner.config.load import parse_study
 from tuner.config.objective import ObjectiveSection
 from tuner.config.workload import WorkloadSection
@@ -26,15 +27,14 @@ from tuner.report.rows import FIGURES, trials_csv, trials_table
 from tuner.search.space import fingerprint, tidy, tidy_params
 
 SLO = {"slo": {"p99_ttft_ms": 3000, "max_error_rate": 0.01}}
-STUDY = {
-    "study": "names",
-    "server": {"model-path": "m"},
-    "space": {
+STUDY = study_dict(
+    study="names",
+    space={
         "mem-fraction-static": {"low": 0.80, "high": 0.98, "step": 0.01},
         "concurrency": {"low": 8, "high": 256, "log": True},
     },
-    "objective": {"metric": "output_throughput", **SLO},
-}
+    objective={"metric": "output_throughput", **SLO},
+)
 #: `fingerprint(cfg)["objective"]` of the objective above as tuner wrote it before the score
 #: was renamed (computed with that version): a study it made must still resume
 OLD_OBJECTIVE_HASH = "842e3ad0e87361f3"

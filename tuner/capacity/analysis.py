@@ -139,7 +139,7 @@ def _naive(inp: CapacityInputs) -> dict[str, Any]:
 
 
 def analyze(inp: CapacityInputs) -> dict[str, Any]:
-    """The whole reading as a JSON-ready dict (keys documented in README's `tuner capacity`)."""
+    """The whole reading as a JSON-ready dict (keys documented in docs/capacity.md)."""
     layout = cap.kv_layout(inp.model_config, inp.tp, inp.kv_dtype)
     bpt = layout.bytes_per_token
     out: dict[str, Any] = {

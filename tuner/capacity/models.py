@@ -13,7 +13,7 @@ from tuner.capacity.precheck import Hardware, parallel_sizes
 from tuner.config.schema import StudyConfig
 from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError, InputFileError, ModelConfigError
-from tuner.sglang.flags import normalize_flags
+from tuner.sglang.flags import effective_flags
 
 
 def shipped_model_configs() -> list[str]:
@@ -56,8 +56,9 @@ def hardware_of(cfg: StudyConfig) -> Hardware:
     hw = cfg.hardware
     bpt = None
     if hw.model_config_path:
-        tp, _ = parallel_sizes(cfg.server)
-        kv_dtype = str(normalize_flags(cfg.server).get("kv-cache-dtype", "auto"))
+        server = effective_flags(cfg.server)
+        tp, _ = parallel_sizes(server)
+        kv_dtype = str(server.get("kv-cache-dtype", "auto"))
         if kv_dtype == "bfloat16":
             kv_dtype = "bf16"
         try:

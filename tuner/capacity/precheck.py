@@ -15,8 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.capacity import calculus as cap
-from tuner.server.launch import effective_flags
-from tuner.sglang.flags import normalize_flags
+from tuner.sglang.flags import effective_flags
 
 #: host RAM kept back beyond SGLang's own 10 GiB reserve, for the server's other processes
 #: (tokenizer, detokenizer, the Python heap) which the reserve does not cover
@@ -123,7 +122,7 @@ def dies_no_later(died_key: tuple, died_mfs: float, key: tuple, mfs: float) -> b
 
 
 def _mfs(flags: Mapping[str, Any]) -> float:
-    return float(normalize_flags(flags).get("mem-fraction-static") or 0)
+    return float(effective_flags(flags).get("mem-fraction-static") or 0)
 
 
 @dataclass(frozen=True)
@@ -134,15 +133,16 @@ class Verdict:
 
 
 def memory_key(flags: Mapping[str, Any]) -> tuple:
-    canonical = normalize_flags(flags)
-    return tuple((k, str(canonical.get(k))) for k in MEMORY_FLAGS)
+    """The memory flags' values: what must be equal for one failure to predict another."""
+    launched = effective_flags(flags)
+    return tuple((k, str(launched.get(k))) for k in MEMORY_FLAGS)
 
 
 def parallel_sizes(flags: Mapping[str, Any]) -> tuple[int, int]:
     """(TP, DP) as SGLang reads the flags (any alias or unique prefix of their names)."""
-    canonical = normalize_flags(flags)
-    tp = int(canonical.get("tensor-parallel-size") or 1)
-    dp = int(canonical.get("data-parallel-size") or 1)
+    launched = effective_flags(flags)
+    tp = int(launched.get("tensor-parallel-size") or 1)
+    dp = int(launched.get("data-parallel-size") or 1)
     return tp, dp
 
 

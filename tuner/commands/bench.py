@@ -241,7 +241,7 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
             )
     w = _workload(args)
     # a duration-bounded run starts with this many; a random or multi-turn one gets more
-    # when it runs low (studyload.refill_for), a finite one ends `exhausted` (warned)
+    # when it runs low (loadgen.plan.refill_for), a finite one ends `exhausted` (warned)
     pool = max(_DEFAULT_NUM_REQUESTS, 20 * args.concurrency)
     _check_size(w, pool, args)
     options = load_options(w, concurrency=args.concurrency, api_key=api_key)

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(problem, file=str(candidate), key="--model-config")
     try:
         config = load_model_config(args.model_config)
-    except UnicodeDecodeError:  # modelcfg reads text without catching it
+    except UnicodeDecodeError:  # capacity.models reads text without catching it
         raise ConfigError("not UTF-8 text", file=args.model_config) from None
     inputs = CapacityInputs(
         model_config=config,

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print one line per check; exit 0 without a FAIL, 2 with one."""
-    from tuner.check import render, run_checks
+    from tuner.check.lines import render
+    from tuner.check.plan import run_checks
 
     lines = run_checks(args.study_file, runs_dir=args.runs_dir)
     sys.stdout.write(render(lines))

@@ -194,7 +194,7 @@ def bool_choices(data: Any) -> Any:
 
 def hicache_problem(server: dict[str, Any]) -> str | None:
     """A fixed hicache-size that contradicts a fixed enable-hierarchical-cache. In a study the
-    size decides (0 off, positive on: launch.effective_flags); SGLang itself reads `0` with the
+    size decides (0 off, positive on: sglang.flags.effective_flags); SGLang itself reads `0` with the
     flag on as "size the host pool by hicache-ratio", so either reading would surprise."""
     from tuner.sglang.flags import full_name
 
@@ -219,7 +219,7 @@ def hicache_problem(server: dict[str, Any]) -> str | None:
 
 
 def port_problem(cfg: Any, port: int) -> str | None:
-    """A server.port other than target.port, or a searched port: launch.build_launch puts
+    """A server.port other than target.port, or a searched port: server.launch.build_launch puts
     target.port on the command line (where the tuner connects), so either would be lost."""
     if cfg.server.get("port", port) != port:
         section = "server"

@@ -65,7 +65,7 @@ class TargetSection(Model):
     port: int = Field(30000, ge=1, le=65535)
     http_host: str | None = None  # address the tuner reaches the server at (default: the host)
     api_key_env: str | None = None  # environment variable holding --api-key; never stored
-    #: real SGLang flags tuner's table lacks: passed as given, SGLang judges them (studycheck)
+    #: real SGLang flags tuner's table lacks: passed as given, SGLang judges them (config.validate)
     unchecked_flags: list[str] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
     container: ContainerSection | None = None  # run the server in one (schema: server/container.py)

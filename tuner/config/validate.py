@@ -116,7 +116,7 @@ def _newer_flag(name: str) -> Flag | None:
 
 def is_secret(name: str) -> bool:
     """Does a flag's name say it holds a secret (`api-key`, `hf-token`, `db-password`)? One rule
-    with the launch's masking (launch.is_secret_name): `max-total-tokens`, a number or a switch,
+    with the launch's masking (server.launch.is_secret_name): `max-total-tokens`, a number or a switch,
     does not."""
     return is_secret_name(name)
 
@@ -317,7 +317,7 @@ def _context_len(cfg: StudyConfig) -> tuple[int, str]:
         try:
             model = text_config(load_model_config(cfg.hardware.model_config_path))
         except (TunerError, UnicodeDecodeError) as exc:
-            # UnicodeDecodeError: modelcfg reads the file as text without catching it
+            # UnicodeDecodeError: capacity.models reads the file as text without catching it
             reason = exc if isinstance(exc, TunerError) else "not UTF-8 text"
             raise ConfigError(str(reason), file=cfg.source, key="hardware.model_config") from None
         n = model.get("max_position_embeddings")
@@ -356,7 +356,7 @@ def _check_host_ram(cfg: StudyConfig) -> None:
 
 def _concurrency_problem(cfg: StudyConfig) -> tuple[str, str | None]:
     """(key, why) when the client's concurrency is set twice (why None: fine). Not set at all
-    is refused when a study runs (studyload.unset_concurrency)."""
+    is refused when a study runs (loadgen.plan.unset_concurrency)."""
     spec = cfg.space.get("concurrency")
     if cfg.workload.concurrency is not None and spec is not None and not spec.when:
         why = "concurrency is also searched under space.concurrency: drop one of them"

@@ -1,7 +1,7 @@
 """The `Host` seam: what server/lifecycle.py needs from the machine that runs SGLang.
 
 Two implementations (LocalHost, SSHHost) pass one contract suite
-(tests/integration/test_hosts_contract.py). Both speak the same POSIX shell: `ShellHost` builds
+(tests/integration/hosts/test_hosts_contract.py). Both speak the same POSIX shell: `ShellHost` builds
 every helper (signal a group, is it alive, tail a file, is a port free, ...) as a shell command
 from quoted values, so an implementation only has to run a shell script under a deadline, fetch a
 file and close. Linux hosts only (SGLang is Linux-only): helpers read /proc.

@@ -31,7 +31,7 @@ from tuner.report.figures import (
     feasible,
     score_of,
 )
-from tuner.sglang.flags import normalize_flags
+from tuner.sglang.flags import effective_flags, full_name
 from tuner.verdict.trials import all_confirmations
 from tuner.verdict.winner import best_trial
 
@@ -41,7 +41,7 @@ MFS = "mem-fraction-static"
 def _mfs_of(cfg: StudyConfig, t: FrozenTrial, info: dict[str, Any]) -> float | None:
     value = info.get("mem_fraction_static")
     if value is None:
-        value = normalize_flags({**cfg.server, **t.params}).get(MFS)
+        value = effective_flags({**cfg.server, **t.params}).get(MFS)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -65,7 +65,7 @@ def _hardware(cfg: StudyConfig) -> Hardware | None:
 
 
 def _grid(cfg: StudyConfig, seen: list[float]) -> list[float]:
-    spec = next((s for k, s in cfg.space.items() if normalize_flags({k: 0}).get(MFS) == 0), None)
+    spec = next((s for k, s in cfg.space.items() if full_name(k) == MFS), None)
     low = min([*seen, *([spec.low] if spec and spec.low is not None else [])])
     high = max([*seen, *([spec.high] if spec and spec.high is not None else [])])
     n = 40

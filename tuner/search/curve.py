@@ -21,7 +21,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 
 #: alternating-means sweeps; the table is a few dozen points, and 30 sweeps settle it to
-#: well below the noise (tests/unit/test_pooledcurve.py)
+#: well below the noise (tests/unit/search/test_curve.py)
 SWEEPS = 30
 
 

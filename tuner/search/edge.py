@@ -51,7 +51,7 @@ from tuner.outcome import POOL_ATTR, Attr, Status, is_feasible
 from tuner.search.mode import NAME, sampled_space
 from tuner.search.space import canonical, distributions
 from tuner.sglang.failures import FailureClass
-from tuner.sglang.flags import normalize_flags
+from tuner.sglang.flags import full_name
 
 MFS = "mem-fraction-static"
 #: the grid a range without a step is bisected on (SGLang reads mfs to any precision; a hundredth
@@ -215,7 +215,7 @@ def _lift(
 
 def _memory_params(params: Flags) -> dict[str, Any]:
     """The params that are SGLang memory flags (their changes move the cliff)."""
-    return {k: v for k, v in params.items() if next(iter(normalize_flags({k: v}))) in MEMORY_FLAGS}
+    return {k: v for k, v in params.items() if full_name(k) in MEMORY_FLAGS}
 
 
 def _pin(best: FrozenTrial, trials: Sequence[FrozenTrial], sampled: Sequence[str]) -> Probe | None:

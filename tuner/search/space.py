@@ -134,7 +134,7 @@ def active_params(params: Mapping[str, Any], space: Mapping[str, ParamSpec]) -> 
 def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
     """The SGLang flags a trial's params ask for (client-side params removed).
 
-    `hicache-size` is kept even at 0: merged over the fixed flags, `server.launch.effective_flags`
+    `hicache-size` is kept even at 0: merged over the fixed flags, `sglang.flags.effective_flags`
     turns it into HiCache on or off for the whole set (a fixed `enable-hierarchical-cache`
     included), as the launch, the pre-check and the export all read it.
     """

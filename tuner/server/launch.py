@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
-from tuner.sglang.flags import KNOWN_VERSIONS, Flag, boolean_optional, find_flag, full_names
+from tuner.sglang.flags import (
+    KNOWN_VERSIONS,
+    Flag,
+    LaunchFlags,
+    boolean_optional,
+    effective_flags,
+    find_flag,
+)
 
 #: flags whose values are secrets: masked wherever a command or config is recorded or printed
 SECRET_FLAGS = frozenset({"api-key", "admin-api-key"})
@@ -200,8 +207,7 @@ def build_launch(
     form of `false` on a `--x/--no-x` switch.
     """
     version = version or launch_version(template)
-    merged = effective_flags({**dict(flags), "port": port})
-    merged["port"] = port
+    merged = LaunchFlags({**effective_flags(flags), "port": port})
     public = {k: v for k, v in merged.items() if not is_secret_name(k)}
     secret = {k: v for k, v in merged.items() if is_secret_name(k) and v is not None}
     return LaunchSpec(
@@ -225,31 +231,6 @@ def launch_version(template: Sequence[str]) -> str | None:
         if value in KNOWN_VERSIONS:
             return value
     return None
-
-
-#: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
-HICACHE_FLAG_PREFIX = "hicache-"
-HICACHE_SIZE = "hicache-size"
-HICACHE_ON = "enable-hierarchical-cache"
-
-
-def effective_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
-    """The flags a server is launched with, from the study's fixed flags and a trial's values:
-    every name as SGLang's full name (an alias or prefix as argparse resolves it), and HiCache
-    as `hicache-size` says, wherever it was set (server: or space:): a positive size turns
-    `enable-hierarchical-cache` on; 0 means HiCache off, so that flag and every `hicache-*`
-    flag are dropped, even one fixed under server:. The launch, the pre-check and the export
-    all judge this set. Raises DuplicateFlagError for one flag under two names."""
-    out = full_names(flags)
-    size = out.get(HICACHE_SIZE)
-    if size is None or isinstance(size, bool):
-        return out
-    if size:
-        out[HICACHE_ON] = True
-        return out
-    return {
-        k: v for k, v in out.items() if k != HICACHE_ON and not k.startswith(HICACHE_FLAG_PREFIX)
-    }
 
 
 def server_log_path(workdir: str | None, study: str, number: int, trial_dir: str) -> str:

@@ -75,7 +75,7 @@ class Server:
     `stop_strays` finds servers whose group was never recorded; `runtime` may be a container.
     `nvidia_smi` is the command used to read GPU facts and wait for memory release (skipped when
     the host has no such command). `keep_logs`: False when tuner chose where the logs go (they
-    are removed once fetched, `hostlogs`). `clock`/`sleep` are seams for tests.
+    are removed once fetched, `server.logs`). `clock`/`sleep` are seams for tests.
     """
 
     reach_grace_s: float = REACH_GRACE_S  # the port listens, unreachable via the endpoint

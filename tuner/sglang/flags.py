@@ -7,6 +7,9 @@ option string (`tp-size`, `model`), else a prefix of exactly one option string (
 `tp-size` -> `tensor-parallel-size`); a prefix of several is ambiguous (`mod`: --model-path,
 --model, --model-impl, ...; in 0.5.23 `cuda-graph-max-bs`: -decode and -prefill).
 
+`effective_flags` turns a study's flags into the ones a server is launched with (full names,
+HiCache as `hicache-size` says): a `LaunchFlags`, which every later step takes as it is.
+
 Errors are `ConfigError`s (tuner.errors): `UnknownVersionError` for a version without a table,
 `DuplicateFlagError` when one flag is given under two names.
 """
@@ -28,11 +31,13 @@ __all__ = [
     "KNOWN_VERSIONS",
     "DuplicateFlagError",
     "Flag",
+    "LaunchFlags",
     "UnknownVersionError",
     "add_to_parser",
     "boolean_optional",
     "canonical_flag",
     "defaults",
+    "effective_flags",
     "find_flag",
     "flags_for",
     "full_name",
@@ -173,6 +178,40 @@ def full_names(flags: Mapping[str, Any]) -> dict[str, Any]:
         given[key] = name
         out[key] = value
     return out
+
+
+#: flags that exist only to configure HiCache: dropped when `hicache-size` is 0 (HiCache off)
+HICACHE_FLAG_PREFIX = "hicache-"
+HICACHE_SIZE = "hicache-size"
+HICACHE_ON = "enable-hierarchical-cache"
+
+
+class LaunchFlags(dict[str, Any]):
+    """The flags a server is launched with, normalized (`effective_flags`). A trial's flags are
+    normalized once, where they enter it (`TrialRunner.flags_for`), and passed on as this: the
+    pre-check, what a failure teaches and the launch read it as it is."""
+
+
+def effective_flags(flags: Mapping[str, Any]) -> LaunchFlags:
+    """The flags a server is launched with, from the study's fixed flags and a trial's values:
+    every name as SGLang's full name (an alias or prefix as argparse resolves it), and HiCache
+    as `hicache-size` says, wherever it was set (server: or space:): a positive size turns
+    `enable-hierarchical-cache` on; 0 means HiCache off, so that flag and every `hicache-*`
+    flag are dropped, even one fixed under server:. The launch, the pre-check and the export
+    all judge this set. Flags already normalized (a `LaunchFlags`) are returned as they are.
+    Raises DuplicateFlagError for one flag under two names."""
+    if isinstance(flags, LaunchFlags):
+        return flags
+    out = full_names(flags)
+    size = out.get(HICACHE_SIZE)
+    if size is None or isinstance(size, bool):
+        return LaunchFlags(out)
+    if size:
+        out[HICACHE_ON] = True
+        return LaunchFlags(out)
+    return LaunchFlags(
+        {k: v for k, v in out.items() if k != HICACHE_ON and not k.startswith(HICACHE_FLAG_PREFIX)}
+    )
 
 
 def boolean_optional(name: str, version: str | None = None) -> bool:

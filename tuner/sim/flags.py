@@ -41,7 +41,7 @@ from tuner.sglang.flags import (
     flags_for,
     server_fields,
 )
-from tuner.sim.faults import add_fault_flags
+from tuner.sim.faultspec import add_fault_flags
 from tuner.sim.profile import resolve_profile_path
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"

@@ -1,7 +1,7 @@
 """The simulator's tokenizer: deterministic, no model files, text and ids kept consistent. Pure.
 
 SGLang counts with the model's tokenizer; the simulator has none, so it plays one with three
-guarantees (README, "The simulator's tokenizer"):
+guarantees (docs/simulator.md, "The simulator's tokenizer"):
 
 * ids -> text -> ids is exact: `encode(decode(ids)) == ids` for every id. Generated tokens are
   common English words (` the`, ` of`, ...), one token each in real BPE tokenizers too, so the

@@ -1,5 +1,5 @@
 """One worker's confirmation runs as the study keeps them: a value per run and, index by index,
-the run's latency tails (pooled.tails_of), which verdict/winner.py pools into the winner's verdict.
+the run's latency tails (verdict.tails.tails_of), which verdict/winner.py pools into the winner's verdict.
 
     tuner:confirmations:<worker> = {"12": [1830.2, 0.0, 1795.4]}
     tuner:confirm_tails:<worker> = {"12": [{...}, None, {...}]}     # None: a death, no tails

@@ -32,7 +32,7 @@ WAIT_FIRST_S, WAIT_MAX_S = 0.5, 5.0
 
 #: the storage API (BaseStorage's public methods) less what needs no database or is wrapped
 #: below, and the private methods optuna's _CachedStorage calls on an RDBStorage (create_study
-#: wraps every RDBStorage in one); tests/unit/test_storageretry.py checks them against optuna
+#: wraps every RDBStorage in one); tests/unit/study/test_rdb.py checks them against optuna
 NOT_RETRIED = {"remove_session", "check_trial_is_updatable", "set_trial_state_values"}
 PRIVATE = "_create_new_trial _set_trial_param _get_trials _get_best_trial_id _get_stale_trial_ids"
 RETRIED = [*sorted({n for n in vars(BaseStorage) if n[0] != "_"} - NOT_RETRIED), *PRIVATE.split()]

@@ -212,7 +212,7 @@ def make_storage(url: str, infra_retries: int, *, outage_s: float | None = None)
     """RDBStorage with a heartbeat, so a killed worker's trial becomes FAIL and is retried.
 
     A PostgreSQL or MySQL storage rides out a database that goes away mid-study (a restart, a
-    failover) for `outage_s` seconds (storageretry.DB_OUTAGE_S when None); a SQLite file
+    failover) for `outage_s` seconds (study.rdb.DB_OUTAGE_S when None); a SQLite file
     does not go down.
 
     A storage that refuses the connection, or a file that turns out damaged, is a ConfigError

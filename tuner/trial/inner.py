@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 TIME_MARGIN = 1.2
 LATENCY_CONSTRAINTS = ("c_ttft", "c_tpot", "c_itl", "c_e2e")
 #: a point is clear of its p99 limits only when fewer than 1% of its requests beyond them is
-#: at least this likely (holdodds.exceed_odds, under 0.5 only where more than 1% were beyond:
+#: at least this likely (verdict.tails.exceed_odds, under 0.5 only where more than 1% were beyond:
 #: 3 of 297 beyond gives 0.45; 2 of 297 is no more than a p99 lets past)
 EXCEED_CLEAR = 0.5
 
@@ -289,13 +289,13 @@ def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
 
 
 def _headroom(constraints: Mapping[str, float]) -> float:
-    """The least share of a latency limit left unused (innersearch.Point.headroom)."""
+    """The least share of a latency limit left unused (search.inner.Point.headroom)."""
     return min(-constraints.get(k, -1.0) for k in LATENCY_CONSTRAINTS)
 
 
 def _few_beyond(tails: Mapping[str, Any] | None) -> bool:
     """More likely than not, under 1% of the run's requests miss each p99 limit
-    (holdodds.exceed_odds): a p99 well under its limit can hide a gap in the tail (a few
+    (verdict.tails.exceed_odds): a p99 well under its limit can hide a gap in the tail (a few
     requests of every run far beyond it) that its runs pooled show."""
     return tails is None or exceed_odds([tails]) >= EXCEED_CLEAR
 

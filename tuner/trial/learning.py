@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from tuner.capacity.precheck import Knowledge
 from tuner.outcome import Attr, Status, TrialOutcome
 from tuner.sglang.failures import FailureClass
-from tuner.sglang.flags import normalize_flags
+from tuner.sglang.flags import effective_flags
 from tuner.trial.inner import died_at
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
+#: a trial's flags: normalized (a `LaunchFlags`, as `TrialRunner.flags_for` gives them) or
+#: not (then each function normalizes them itself)
 Flags = Mapping[str, Any]
 
 
@@ -47,7 +49,7 @@ def learned_failure(
     bounds hicache-size for these ranks (`reason`: SGLang's line)."""
     if failure == FailureClass.HOST_MEMORY and TOO_LARGE_FOR_HOST.search(reason or ""):
         return know.with_host_failure(flags, number)
-    if "mem-fraction-static" not in normalize_flags(flags):
+    if "mem-fraction-static" not in effective_flags(flags):
         return know  # SGLang's own default: nothing to bound
     if failure == FailureClass.OOM_CUDA_GRAPH:
         return know.with_graph_failure(flags, number)
@@ -62,7 +64,7 @@ def learned_death(
     """A death under load with SGLang's evidence (a prefill out of memory) at mfs m and
     concurrency c: servers with the same memory flags and mfs >= m die at c or more."""
     c = died_at(outcome, params)
-    if c is None or number is None or "mem-fraction-static" not in normalize_flags(flags):
+    if c is None or number is None or "mem-fraction-static" not in effective_flags(flags):
         return know
     return know.with_death(flags, c, number)
 

@@ -58,6 +58,7 @@ from tuner.search.space import canonical, client_params, server_flags
 from tuner.server.launch import LaunchSpec, build_launch, server_log_path, shown_command
 from tuner.server.lifecycle import ServerDeath, StartResult
 from tuner.sglang.failures import FailureClass, is_config_failure
+from tuner.sglang.flags import LaunchFlags, effective_flags
 from tuner.trial.inner import InnerSearch
 from tuner.trial.learning import learned_death, learned_failure, learned_start, recalled
 from tuner.trial.rejected import rejected_flags, study_file_at_fault
@@ -136,7 +137,8 @@ class TrialRunner:
         self.hardware = hardware
         self.knowledge = knowledge or Knowledge()
         self.env = dict(env or {})
-        self.secret_flags = dict(secret_flags or {})  # e.g. api-key, read from the environment
+        #: e.g. api-key, read from the environment; joins the flags only in the launch
+        self.secret_flags = effective_flags(secret_flags or {})
         self.launch_template = list(launch_template or cfg.target.launch)
         self.clock, self.sleep = clock, sleep
         self._running_key: str | None = None  # canonical server flags of the live server
@@ -156,9 +158,11 @@ class TrialRunner:
         self.on_progress: Callable[[Any], None] | None = None
         self.number: int | None = None  # the trial being run
 
-    def flags_for(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Fixed server flags plus the trial's server-side params."""
-        return {**self.cfg.server, **server_flags(params)}
+    def flags_for(self, params: Mapping[str, Any]) -> LaunchFlags:
+        """Fixed server flags plus the trial's server-side params, as the server is launched
+        with them: normalized here, once per trial, and passed on as they are (the pre-check,
+        what a failure teaches, the launch)."""
+        return effective_flags({**self.cfg.server, **server_flags(params)})
 
     def run(
         self,
@@ -223,7 +227,7 @@ class TrialRunner:
     def measure(
         self,
         params: Mapping[str, Any],
-        flags: Mapping[str, Any],
+        flags: LaunchFlags,
         info: dict[str, Any],
         restarted: bool,
         trial_dir: Path,
@@ -292,7 +296,7 @@ class TrialRunner:
         self._running_key = None
         self.server.stop()
 
-    def _start_failed(self, result: StartResult, flags: Mapping[str, Any]) -> TrialOutcome:
+    def _start_failed(self, result: StartResult, flags: LaunchFlags) -> TrialOutcome:
         """A failed start: the configuration's with SGLang's evidence, else the world's."""
         status = Status.START_FAILED if is_config_failure(result.failure) else Status.WORLD
         return failed_outcome(
@@ -323,7 +327,7 @@ class TrialRunner:
     def _judge(
         self,
         load: LoadResult,
-        flags: Mapping[str, Any],
+        flags: LaunchFlags,
         info: dict[str, Any],
         restarted: bool,
         trial_dir: Path,
@@ -376,14 +380,14 @@ class TrialRunner:
     def _restart(
         self,
         number: int,
-        flags: Mapping[str, Any],
+        flags: LaunchFlags,
         trial_dir: Path,
         on_start: Callable[[int], None] | None,
     ) -> StartResult:
         target = self.cfg.target
         spec = build_launch(
             self.launch_template,
-            {**flags, **self.secret_flags},
+            LaunchFlags({**flags, **self.secret_flags}),
             target.port,
             self.env,
             target.workdir,
@@ -426,7 +430,7 @@ class TrialRunner:
     # --- learning and records ------------------------------------------------------------
 
     def _learn_death(
-        self, outcome: TrialOutcome, flags: Mapping[str, Any], params: Mapping[str, Any]
+        self, outcome: TrialOutcome, flags: LaunchFlags, params: Mapping[str, Any]
     ) -> None:
         self.knowledge = learned_death(self.knowledge, outcome, flags, params, self.number)
 

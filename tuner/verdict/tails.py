@@ -262,7 +262,7 @@ P99_SHARE = 0.01
 
 def exceed_odds(tails: Sequence[Mapping[str, Any] | None]) -> float:
     """The odds that fewer than 1% of a configuration's requests miss each p99 limit where
-    more than 1% of them did, counted over every run (pooled.count_above, strict by one bin):
+    more than 1% of them did, counted over every run (`count_above`, strict by one bin):
     k of n, the share after Jeffreys' prior Beta(k + 1/2, n - k + 1/2), taken in its Poisson
     limit (n large, the share small) as Gamma(k + 1/2) / n, under 0.5 there. The lowest over
     the limits; 1.0 where no more than 1% were beyond every limit: the p99s then read the

@@ -47,7 +47,7 @@ class Candidate(NamedTuple):
     held: int  # how many of `runs` held every SLO on their own requests
     pooled: dict[str, Any] | None  # pooled_metrics and the limits; None: no pooled verdict
     missed: list[str]  # what the pooled figures miss
-    odds: float = 1.0  # that its next start holds every latency limit (holdodds: both odds)
+    odds: float = 1.0  # that its next start holds every latency limit (verdict.tails: both odds)
     worth: float = 0.0  # what it ranks by: `mean`, less when `odds` are below ODDS_STEADY
 
 
@@ -78,7 +78,7 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
     luck: a configuration that misses on 1 start in 4 keeps its SLOs 3 times in 4); and 0.0 for
     one whose runs miss an SLO pooled. A candidate whose runs all held, but whose p99s sit so
     near a limit that the noise may put the truth above it, ranks by its mean times its odds of
-    holding over ODDS_STEADY (holdodds: 0.98 of a limit over 3 runs is ~0.8). The first
+    holding over ODDS_STEADY (verdict.tails: 0.98 of a limit over 3 runs is ~0.8). The first
     measurement held on its own: it is feasible."""
     confirmations, tails = all_confirmations(study), all_confirm_tails(study)
     trials = _candidates(study, confirmations)

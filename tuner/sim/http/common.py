@@ -17,7 +17,8 @@ from aiohttp import web
 from tuner.sglang.flags import DEFAULT_VERSION
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, QueueFull
-from tuner.sim.faults import PREFIX, Faults
+from tuner.sim.faults import Faults
+from tuner.sim.faultspec import PREFIX
 from tuner.sim.http.oaishapes import newer
 from tuner.sim.http.promtext import Histograms
 from tuner.sim.http.reqstate import ReqState

@@ -1,7 +1,7 @@
 """SGLang's OpenAI-compatible JSON shapes, field for field, for the version played. Pure.
 
 Each builder returns what SGLang serializes, key order included, so a client that reads any field
-SGLang sends finds it (tests/fidelity/test_openai_shapes.py names each source line). Where the two
+SGLang sends finds it (tests/fidelity/test_openai_fidelity.py names each source line). Where the two
 versions differ:
 
 * chat stream chunks: 0.5.6.post2 dumps pydantic models whole (`"usage": null`, every delta key,

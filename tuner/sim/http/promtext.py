@@ -1,6 +1,6 @@
 """Prometheus text for the simulator's `/metrics`, named and labelled as SGLang does. Pure.
 
-Which collector a metric belongs to decides its labels (tests/fidelity/test_metrics.py names the
+Which collector a metric belongs to decides its labels (tests/fidelity/test_metrics_fidelity.py names the
 source lines):
 
 * scheduler gauges: `model_name, engine_type, tp_rank, pp_rank` (0.5.23: `, moe_ep_rank`); only

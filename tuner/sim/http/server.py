@@ -34,7 +34,8 @@ from aiohttp import web
 from tuner.sim import faults as fault_actions
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, EngineOOM, TokenEvent
-from tuner.sim.faults import Faults, FaultSpec
+from tuner.sim.faults import Faults
+from tuner.sim.faultspec import FaultSpec
 from tuner.sim.flags import server_args_dict
 from tuner.sim.http.native import add_routes
 from tuner.sim.http.promtext import Histograms

@@ -1,0 +1,1 @@
+"""Unit tests: pure logic, fakes and scripted seams; a folder per package of tuner/."""
