@@ -25,6 +25,7 @@ class CapacityInputs:
     model_config: Mapping[str, Any]
     tp: int = 1
     dp: int = 1
+    dp_attention: bool = False
     kv_dtype: str = "auto"
     page_size: int = 1
     gpu_mem_mib: float | None = None
@@ -38,6 +39,10 @@ class CapacityInputs:
     avg_lens: Sequence[float] = field(default_factory=tuple)
     context_len: int | None = None
     naive: bool = False
+
+
+def parallel(inp: CapacityInputs) -> cap.Parallel:
+    return cap.Parallel(tp=inp.tp, dp=inp.dp, dp_attention=inp.dp_attention)
 
 
 def _context_len(inp: CapacityInputs) -> int:
@@ -140,13 +145,16 @@ def _naive(inp: CapacityInputs) -> dict[str, Any]:
 
 def analyze(inp: CapacityInputs) -> dict[str, Any]:
     """The whole reading as a JSON-ready dict (keys documented in docs/capacity.md)."""
-    layout = cap.kv_layout(inp.model_config, inp.tp, inp.kv_dtype)
+    par = parallel(inp)
+    layout = cap.kv_layout(inp.model_config, par.attn_tp, inp.kv_dtype)
     bpt = layout.bytes_per_token
     out: dict[str, Any] = {
         "bytes_per_token": bpt,
         "kv_layout": {"kind": layout.kind, "detail": layout.detail},
         "tp": inp.tp,
         "dp": inp.dp,
+        "dp_attention": inp.dp_attention,
+        "gpus": par.gpus,
         "context_len": _context_len(inp),
     }
     if inp.gpu_mem_mib is not None:
@@ -181,14 +189,12 @@ def analyze(inp: CapacityInputs) -> dict[str, Any]:
             "running_tokens": device_tokens,
         }
         for v in (
-            cap.hicache_verdict(
-                gb, bpt, device_tokens, host_bytes, inp.tp, inp.dp, 1, inp.page_size
-            )
+            cap.hicache_verdict(gb, bpt, device_tokens, host_bytes, par.ranks, inp.page_size)
             for gb in inp.hicache_sizes_gb
         )
     ]
     if host_bytes is not None:
-        out["hicache_max_gb_per_rank"] = cap.max_hicache_gb_per_rank(host_bytes, inp.tp, inp.dp)
+        out["hicache_max_gb_per_rank"] = cap.max_hicache_gb_per_rank(host_bytes, par.ranks)
     out["hicache_note"] = cap.HICACHE_STATEMENT
     if inp.naive:
         out["naive"] = _naive(inp)

@@ -35,6 +35,61 @@ _MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "bf16": 2, "fp1
 
 
 @dataclass(frozen=True)
+class Parallel:
+    """How a server spreads over its GPUs: SGLang's `--tp-size`, `--dp-size`, `--pp-size` and
+    `--enable-dp-attention` (sglang-reference.md section 10).
+
+    Without DP attention, `--dp-size D` runs D replicas of T x P GPUs each. With it, the same
+    T x P GPUs run attention data-parallel in D groups of T / D GPUs (SGLang 0.5.6.post2
+    `layers/dp_attention.py:231`, `attn_tp_size = tp_size // dp_size`): a GPU keeps the KV of its
+    own group's requests only, so an MLA model no longer replicates every request's latent on
+    every GPU. Either way each GPU process holds its own KV pool (and HiCache host pool), and
+    the D groups or replicas hold different requests.
+    """
+
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    dp_attention: bool = False
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the server runs on: T x P, times D only for replicas."""
+        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
+
+    @property
+    def ranks(self) -> int:
+        """GPU processes, each with its own KV pool and, with HiCache, its own host pool."""
+        return self.gpus
+
+    @property
+    def attn_tp(self) -> int:
+        """GPUs one request's attention (and KV heads) is split over."""
+        return self.tp // self.dp if self.dp_attention else self.tp
+
+    @property
+    def attn_dp(self) -> int:
+        """Attention data-parallel groups: SGLang splits `--max-running-requests` among them
+        (0.5.6.post2 `managers/tp_worker.py:292-300`)."""
+        return self.dp if self.dp_attention else 1
+
+    def describe(self) -> str:
+        """`TP 8 x DP 2 x PP 1`, or `TP 8 x PP 1 with DP attention (8 groups)`."""
+        if self.dp_attention:
+            return f"TP {self.tp} x PP {self.pp} with DP attention ({self.dp} groups)"
+        return f"TP {self.tp} x DP {self.dp} x PP {self.pp}"
+
+    def problem(self) -> str | None:
+        """Why SGLang refuses this split, or None."""
+        for name in ("tp", "dp", "pp"):
+            if getattr(self, name) < 1:
+                return f"{name}: expected a positive integer, got {getattr(self, name)}"
+        if self.dp_attention and self.tp % self.dp:
+            return f"DP attention needs dp ({self.dp}) to divide tp ({self.tp})"
+        return None
+
+
+@dataclass(frozen=True)
 class KVLayout:
     """What one token costs in the KV pool of one GPU rank."""
 
@@ -83,10 +138,13 @@ def kv_dtype_bytes(config: Mapping[str, Any], kv_dtype: str = "auto") -> float:
 
 
 def kv_layout(config: Mapping[str, Any], tp: int = 1, kv_dtype: str = "auto") -> KVLayout:
-    """Bytes per token per GPU rank from a Hugging Face config.json.
+    """Bytes per token per GPU rank from a Hugging Face config.json; `tp`: the attention TP
+    size (`Parallel.attn_tp`: T, or T / D under DP attention).
 
     MLA (DeepSeek-V3, Kimi-K2): the latent KV is replicated on every TP rank, so TP does not
-    divide it. MHA/GQA: KV heads split across ranks, but never below one head per rank.
+    divide it. MHA/GQA: KV heads split across the attention TP ranks, but never below one
+    head per rank (SGLang 0.5.6.post2 `model_executor/model_runner.py:1414`,
+    `get_num_kv_heads(get_attention_tp_size())`).
     """
     if tp < 1:
         raise ModelConfigError(f"tp: expected a positive integer, got {tp}")
@@ -107,7 +165,7 @@ def kv_layout(config: Mapping[str, Any], tp: int = 1, kv_dtype: str = "auto") ->
     per_rank = max(1, kv_heads // tp)
     bpt = int(per_rank * head_dim * layers * 2 * dbytes)
     detail = (
-        f"MHA/GQA: max(1, {kv_heads} kv heads // tp {tp}) = {per_rank} x {head_dim} head_dim"
+        f"MHA/GQA: max(1, {kv_heads} kv heads // attention tp {tp}) = {per_rank} x {head_dim} head_dim"
         f" x {layers} layers x 2 (K,V) x {dbytes:g} B"
     )
     return KVLayout("mha", layers, dbytes, bpt, detail)
@@ -147,14 +205,21 @@ def calibrate_fixed_bytes(
 
 
 def max_running_requests(
-    total_tokens: int, context_len: int, max_running_requests_flag: int | None = None, dp: int = 1
+    total_tokens: int,
+    context_len: int,
+    max_running_requests_flag: int | None = None,
+    attn_dp: int = 1,
 ) -> int:
-    """SGLang's cap on running requests: min(tokens // 2 or the flag, req_to_token pool size)."""
+    """SGLang's cap on one scheduler's running requests: min(tokens // 2, or the flag split
+    among the attention DP groups, the req_to_token pool size) (0.5.6.post2
+    `managers/tp_worker.py:292-300`; `attn_dp`: `Parallel.attn_dp`)."""
     if total_tokens <= 0:
         return 0
     req_pool = min(max(int(total_tokens / max(context_len, 1) * 512), 2048), 4096)
     asked = (
-        total_tokens // 2 if max_running_requests_flag is None else max_running_requests_flag // dp
+        total_tokens // 2
+        if max_running_requests_flag is None
+        else max_running_requests_flag // attn_dp
     )
     return min(asked, req_pool)
 
@@ -186,18 +251,16 @@ def hicache_verdict(
     bytes_per_token: int,
     device_tokens: int,
     host_ram_bytes: float | None,
-    tp: int = 1,
-    dp: int = 1,
-    pp: int = 1,
+    ranks: int = 1,
     page_size: int = 1,
 ) -> HiCacheVerdict:
     """Judge one `--hicache-size` value the way SGLang's start-up will.
 
-    Every scheduler rank (TP x PP x DP) allocates its own pinned host pool of the full size.
-    Each rank checks `size > available - 10 GiB` on its own, concurrently, so the real limit
-    is the sum over ranks. The host pool must also hold more tokens than the device pool.
+    Every GPU rank (`Parallel.ranks`: T x P, times D only for replicas) allocates its own
+    pinned host pool of the full size. Each rank checks `size > available - 10 GiB` on its
+    own, concurrently, so the real limit is the sum over ranks. The host pool must also hold
+    more tokens than the device pool.
     """
-    ranks = tp * dp * pp
     per_rank_bytes = size_gb_per_rank * GB
     host_tokens = math.ceil(per_rank_bytes / bytes_per_token)
     host_tokens = -(-host_tokens // page_size) * page_size
@@ -245,10 +308,11 @@ def hicache_verdict(
     return HiCacheVerdict(size_gb_per_rank, ranks, host_tokens, total_gb, True, reason)
 
 
-def max_hicache_gb_per_rank(host_ram_bytes: float, tp: int = 1, dp: int = 1, pp: int = 1) -> int:
-    """The largest whole `--hicache-size` every rank can allocate together on this host."""
+def max_hicache_gb_per_rank(host_ram_bytes: float, ranks: int = 1) -> int:
+    """The largest whole `--hicache-size` every rank (`Parallel.ranks`) can allocate together
+    on this host."""
     budget = host_ram_bytes - HICACHE_HOST_RESERVE_BYTES
-    return max(0, math.floor(budget / (tp * dp * pp) / GB))
+    return max(0, math.floor(budget / ranks / GB))
 
 
 HICACHE_STATEMENT = (

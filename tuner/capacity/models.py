@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.capacity.calculus import kv_layout
-from tuner.capacity.precheck import Hardware, parallel_sizes
+from tuner.capacity.precheck import Hardware, parallel_of
 from tuner.config.schema import StudyConfig
 from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError, InputFileError, ModelConfigError
@@ -57,7 +57,7 @@ def hardware_of(cfg: StudyConfig) -> Hardware:
     bpt = None
     if hw.model_config_path:
         server = effective_flags(cfg.server)
-        tp, _ = parallel_sizes(server)
+        tp = parallel_of(server).attn_tp
         kv_dtype = str(server.get("kv-cache-dtype", "auto"))
         if kv_dtype == "bfloat16":
             kv_dtype = "bf16"

@@ -65,8 +65,8 @@ class Knowledge:
     floors: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
     #: (memory key, mfs, concurrency, trial): died under load there
     deaths: tuple[tuple[tuple, float, int, int], ...] = field(default_factory=tuple)
-    #: ((TP, DP), hicache-size, trial): the host could not pin that much per rank, nor more
-    host_failures: tuple[tuple[tuple[int, int], float, int], ...] = field(default_factory=tuple)
+    #: (GPU ranks, hicache-size, trial): the host could not pin that much per rank, nor more
+    host_failures: tuple[tuple[int, float, int], ...] = field(default_factory=tuple)
 
     def with_start(self, tokens: int, mfs: float) -> Knowledge:
         return self if self.calibration else replace(self, calibration=(tokens, mfs))
@@ -90,7 +90,7 @@ class Knowledge:
         size = effective_flags(flags).get("hicache-size")
         if not size or isinstance(size, bool):
             return self
-        return self._with("host_failures", (parallel_sizes(flags), float(size), trial))
+        return self._with("host_failures", (parallel_of(flags).ranks, float(size), trial))
 
     def death_cap(self, flags: Mapping[str, Any]) -> int | None:
         """The lowest concurrency at which a server no sturdier than this one died under load
@@ -138,12 +138,15 @@ def memory_key(flags: Mapping[str, Any]) -> tuple:
     return tuple((k, str(launched.get(k))) for k in MEMORY_FLAGS)
 
 
-def parallel_sizes(flags: Mapping[str, Any]) -> tuple[int, int]:
-    """(TP, DP) as SGLang reads the flags (any alias or unique prefix of their names)."""
+def parallel_of(flags: Mapping[str, Any]) -> cap.Parallel:
+    """TP, DP, PP and DP attention as SGLang reads the flags (any alias or unique prefix)."""
     launched = effective_flags(flags)
-    tp = int(launched.get("tensor-parallel-size") or 1)
-    dp = int(launched.get("data-parallel-size") or 1)
-    return tp, dp
+    return cap.Parallel(
+        tp=int(launched.get("tensor-parallel-size") or 1),
+        dp=int(launched.get("data-parallel-size") or 1),
+        pp=int(launched.get("pipeline-parallel-size") or 1),
+        dp_attention=bool(launched.get("enable-dp-attention")),
+    )
 
 
 def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> int | None:
@@ -203,23 +206,23 @@ def precheck(
     size = flags.get("hicache-size")
     if not size:
         return Verdict(True)
-    tp, dp = parallel_sizes(flags)
-    for ranks, failed, trial in know.host_failures:
-        if ranks == (tp, dp) and float(size) >= failed:
+    ranks = parallel_of(flags).ranks
+    for failed_ranks, failed, trial in know.host_failures:
+        if failed_ranks == ranks and float(size) >= failed:
             return Verdict(
                 False,
                 f"hicache-size {size} >= {failed:g}, which the host could not pin for "
-                f"{tp * dp} rank(s) (trial {trial}: not enough host memory available)",
+                f"{ranks} rank(s) (trial {trial}: not enough host memory available)",
                 "host_memory",
             )
     host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
     if hw.bytes_per_token:
         device = device_floor(float(mfs or 0), tokens, hw.bytes_per_token, know)
-        v = cap.hicache_verdict(float(size), hw.bytes_per_token, device, host, tp, dp)
+        v = cap.hicache_verdict(float(size), hw.bytes_per_token, device, host, ranks)
         if not v.feasible:
             kind = "host_memory" if "host RAM" in v.reason or "exceeds" in v.reason else "crashed"
             return Verdict(False, f"hicache-size {size}: {v.reason}", kind)
-    elif host is not None and (problem := hicache_ram_problem(float(size), host, tp, dp)):
+    elif host is not None and (problem := hicache_ram_problem(float(size), host, ranks)):
         # without the model's bytes per token only the host-RAM half of the rule is known
         return Verdict(False, f"hicache-size {size}: {problem}", "host_memory")
     return Verdict(True)
@@ -266,15 +269,15 @@ def _smaller_chunk(key: tuple) -> str:
     return f"chunked-prefill-size {chunk} (smaller) and the same other memory flags"
 
 
-def hicache_ram_problem(size_gb: float, host_ram_bytes: float, tp: int, dp: int) -> str | None:
-    """Why `--hicache-size size_gb` cannot fit in host RAM for TP x DP ranks; None if it fits.
+def hicache_ram_problem(size_gb: float, host_ram_bytes: float, ranks: int) -> str | None:
+    """Why `--hicache-size size_gb` cannot fit in host RAM for `ranks` GPU ranks
+    (`Parallel.ranks`); None if it fits.
 
     Every rank allocates the full size (sglang-reference section 3), so the limit is per rank.
     """
-    limit = cap.max_hicache_gb_per_rank(host_ram_bytes, tp, dp)
+    limit = cap.max_hicache_gb_per_rank(host_ram_bytes, ranks)
     if size_gb <= limit:
         return None
-    ranks = tp * dp
     return (
         f"{ranks} ranks x {size_gb:g} GB = {ranks * size_gb:,.0f} GB of pinned host RAM; the "
         f"host has {host_ram_bytes / cap.GB:.0f} GB (largest that fits: {limit} GB per rank)"

@@ -15,7 +15,7 @@ from tuner.capacity import calculus as cap
 from tuner.capacity.precheck import HOST_RAM_MARGIN, parse_meminfo
 from tuner.check.lines import CheckLine, fail, ok, skip, warn
 from tuner.check.probe import Probe, said
-from tuner.check.spacefacts import model_path, ranks, values_of
+from tuner.check.spacefacts import largest_parallel, model_path, values_of
 from tuner.errors import ConfigError, PortHeldError, SetupError
 
 GPU_QUERY = "--query-gpu=index,name,memory.total,memory.free"
@@ -86,15 +86,11 @@ def gpus(p: Probe) -> CheckLine:
                     ConfigError,
                 )
             used = [by_index[int(x)] for x in ids]
-    tp, dp, pp = ranks(p.cfg)
-    need = tp * dp * pp
+    par = largest_parallel(p.cfg)
+    need = par.gpus
     if len(used) < need:
         given = "target.gpus gives" if wanted else "the host has"
-        return fail(
-            "gpus",
-            f"TP {tp} x DP {dp} x PP {pp} needs {need} GPUs; {given} {len(used)}",
-            ConfigError,
-        )
+        return fail("gpus", f"{par.describe()} needs {need} GPUs; {given} {len(used)}", ConfigError)
     names = sorted({g.name for g in used})
     total = min(g.total_mib for g in used)
     text = f"{len(used)} x {' / '.join(names)}, {total:,.0f} MiB (need {need})"
@@ -133,10 +129,11 @@ def gpu_processes(p: Probe) -> CheckLine:
     return ok("gpu processes", "none holds GPU memory")
 
 
-def hicache_limit(available: int, total: int, tp: int, dp: int, pp: int) -> int:
-    """The largest whole `--hicache-size` (GB per rank) every rank can allocate together:
-    capacity's formula (SGLang's 10 GiB reserve) on MemAvailable less HOST_RAM_MARGIN."""
-    return cap.max_hicache_gb_per_rank(available - HOST_RAM_MARGIN * total, tp, dp, pp)
+def hicache_limit(available: int, total: int, ranks: int) -> int:
+    """The largest whole `--hicache-size` (GB per rank) every one of `ranks` GPU ranks can
+    allocate together: capacity's formula (SGLang's 10 GiB reserve) on MemAvailable less
+    HOST_RAM_MARGIN."""
+    return cap.max_hicache_gb_per_rank(available - HOST_RAM_MARGIN * total, ranks)
 
 
 def host_ram(p: Probe) -> CheckLine:
@@ -150,11 +147,11 @@ def host_ram(p: Probe) -> CheckLine:
     if "MemTotal" not in info or "MemAvailable" not in info:
         return warn("host ram", f"cannot read /proc/meminfo on {p.where} ({said(res)})")
     total, avail = info["MemTotal"], info["MemAvailable"]
-    tp, dp, pp = ranks(p.cfg)
-    limit = hicache_limit(avail, total, tp, dp, pp)
+    par = largest_parallel(p.cfg)
+    limit = hicache_limit(avail, total, par.ranks)
     how = (
         f"MemAvailable {avail / cap.GB:.1f} GB less SGLang's 10 GiB reserve and a "
-        f"{HOST_RAM_MARGIN:.0%} margin, for TP {tp} x DP {dp} x PP {pp}"
+        f"{HOST_RAM_MARGIN:.0%} margin, for {par.ranks} GPU ranks ({par.describe()})"
     )
     where, sizes = values_of(p.cfg, "hicache-size")
     asked = max(sizes, default=0)
@@ -162,7 +159,7 @@ def host_ram(p: Probe) -> CheckLine:
         end = ".high" if where.startswith("space.") and len(sizes) == 2 else ""
         return fail(
             "host ram",
-            f"{where} asks up to {asked:g} GB per rank ({asked * tp * dp * pp:,.0f} GB in all); "
+            f"{where} asks up to {asked:g} GB per rank ({asked * par.ranks:,.0f} GB in all); "
             f"the largest --hicache-size that fits is {limit} ({how}): lower {where}{end} to "
             f"{limit}",
             ConfigError,

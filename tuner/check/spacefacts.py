@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.capacity.calculus import Parallel
 from tuner.config.schema import StudyConfig
 from tuner.sglang.flags import canonical_flag
 
@@ -36,12 +37,25 @@ def largest(cfg: StudyConfig, flag: str, default: float) -> float:
     return max(values_of(cfg, flag)[1], default=default)
 
 
-def ranks(cfg: StudyConfig) -> tuple[int, int, int]:
-    """The largest (TP, DP, PP) a trial can ask for."""
-    return (
-        int(largest(cfg, "tensor-parallel-size", 1)),
-        int(largest(cfg, "data-parallel-size", 1)),
-        int(largest(cfg, "pipeline-parallel-size", 1)),
+def always_on(cfg: StudyConfig, flag: str) -> bool:
+    """Is the switch `flag` on in every trial (fixed true, or searched with true alone)?"""
+    for name, value in cfg.server.items():
+        if canonical_flag(name) == flag:
+            return value is True
+    for name, spec in cfg.space.items():
+        if canonical_flag(name) == flag:
+            return spec.choices is not None and list(spec.choices) == [True]
+    return False
+
+
+def largest_parallel(cfg: StudyConfig) -> Parallel:
+    """The largest split a trial can ask for: the largest TP, DP and PP, and DP attention only
+    where every trial has it (without it, DP counts replicas: more GPU ranks on the host)."""
+    return Parallel(
+        tp=int(largest(cfg, "tensor-parallel-size", 1)),
+        dp=int(largest(cfg, "data-parallel-size", 1)),
+        pp=int(largest(cfg, "pipeline-parallel-size", 1)),
+        dp_attention=always_on(cfg, "enable-dp-attention"),
     )
 
 

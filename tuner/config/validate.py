@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.capacity.calculus import GB
-from tuner.capacity.precheck import hicache_ram_problem, parallel_sizes
+from tuner.capacity.precheck import hicache_ram_problem, parallel_of
 from tuner.config.base import MAX_CONCURRENCY, MAX_TOKENS
 from tuner.config.schema import StudyConfig
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
@@ -332,7 +332,7 @@ def _check_host_ram(cfg: StudyConfig) -> None:
     ram = cfg.hardware.host_ram_gb
     if ram is None:
         return
-    tp, dp = parallel_sizes(cfg.server)
+    ranks = parallel_of(cfg.server).ranks
     fixed = {canonical_flag(k): (f"server.{k}", v) for k, v in cfg.server.items()}
     searched = {canonical_flag(k): (f"space.{k}", spec) for k, spec in cfg.space.items()}
     if "hicache-size" in fixed:
@@ -344,7 +344,7 @@ def _check_host_ram(cfg: StudyConfig) -> None:
     else:
         return
     problems = [
-        hicache_ram_problem(float(v), ram * GB, tp, dp)
+        hicache_ram_problem(float(v), ram * GB, ranks)
         for v in sizes
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
     ]

@@ -20,7 +20,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from tuner.capacity.precheck import parallel_sizes
+from tuner.capacity.precheck import parallel_of
 from tuner.config.objective import OLD_METRIC_NAMES
 from tuner.config.schema import StudyConfig
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
@@ -144,8 +144,7 @@ def server_flags(params: Mapping[str, Any]) -> dict[str, Any]:
 def sglang_defaults(cfg: StudyConfig, gpu_mem_mib: float | None) -> dict[str, Any]:
     """Trial 0 without a `baseline:`: SGLang's own default for every searched flag that has one
     inside the search space (the mfs SGLang would compute for this GPU; HiCache off)."""
-    tp, _ = parallel_sizes(cfg.server)
-    defaults = launch_defaults(gpu_mem_mib, tp)
+    defaults = launch_defaults(gpu_mem_mib, parallel_of(cfg.server).tp)
     out = {}
     for name, dist in distributions(cfg.space).items():
         value = defaults.get(canonical_flag(name) or name)

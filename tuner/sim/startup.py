@@ -114,7 +114,6 @@ def plan_memory(
     profile: Profile,
     *,
     tp: int = 1,
-    dp: int = 1,
     mfs: float,
     chunked_prefill_size: int,
     max_prefill_tokens: int = 16384,
@@ -154,7 +153,8 @@ def plan_memory(
         spare_mib = available * 1024 - gm.activation_base_mib
         per_token = gm.activation_mib_per_token or 1.0
         oom_tokens = max(1, math.floor(spare_mib / per_token))
-    running = capacity.max_running_requests(max(tokens, 0), ctx, max_running_requests, dp)
+    # DP without DP attention: replicas, each with the whole flag (tp_worker.py:292-300)
+    running = capacity.max_running_requests(max(tokens, 0), ctx, max_running_requests)
     return MemoryPlan(
         verdict=verdict,
         mfs=mfs,
@@ -214,9 +214,7 @@ def hicache_plan(
     *,
     hicache_size_gb: int,
     hicache_ratio: float,
-    tp: int = 1,
-    dp: int = 1,
-    pp: int = 1,
+    ranks: int = 1,
     page_size: int = 1,
 ) -> HiCachePlan:
     """Host pool per rank (size GB, else ratio x device pool) and SGLang's checks on it.
@@ -240,14 +238,11 @@ def hicache_plan(
         bpt,
         plan.max_total_num_tokens,
         profile.host_available_gb * GB,
-        tp=tp,
-        dp=dp,
-        pp=pp,
+        ranks=ranks,
         page_size=page_size,
     )
     if verdict.feasible:
         return HiCachePlan(tokens, host_bytes / GB, None)
-    ranks = tp * dp * pp
     for rank in range(ranks):
         free = (
             profile.host_available_gb * GB - rank * host_bytes - capacity.HICACHE_HOST_RESERVE_BYTES
@@ -333,7 +328,6 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
     plan = plan_memory(
         profile,
         tp=ns.tp_size,
-        dp=ns.dp_size,
         mfs=d.mem_fraction_static,
         chunked_prefill_size=d.chunked_prefill_size,
         max_prefill_tokens=ns.max_prefill_tokens,
@@ -358,9 +352,8 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
             plan,
             hicache_size_gb=ns.hicache_size,
             hicache_ratio=ns.hicache_ratio,
-            tp=ns.tp_size,
-            dp=ns.dp_size,
-            pp=ns.pp_size,
+            # the simulator plays DP as replicas: one host pool per GPU of every replica
+            ranks=ns.tp_size * ns.dp_size * ns.pp_size,
             page_size=ns.page_size,
         )
         if hc.error:

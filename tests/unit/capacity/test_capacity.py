@@ -156,11 +156,11 @@ def test_motivating_case_corrected_numbers() -> None:
 
 
 def test_hicache_rules() -> None:
-    v = cap.hicache_verdict(1, 70_272, 116_171, 449 * cap.GB, tp=8)
+    v = cap.hicache_verdict(1, 70_272, 116_171, 449 * cap.GB, ranks=8)
     assert not v.feasible and "not larger than the device pool" in v.reason
-    v = cap.hicache_verdict(50, 70_272, 116_171, 449 * cap.GB, tp=8)
+    v = cap.hicache_verdict(50, 70_272, 116_171, 449 * cap.GB, ranks=8)
     assert v.feasible and v.host_total_gb == 400
-    v = cap.hicache_verdict(500, 70_272, 116_171, 449 * cap.GB, tp=1)
+    v = cap.hicache_verdict(500, 70_272, 116_171, 449 * cap.GB, ranks=1)
     assert not v.feasible and "per rank exceeds" in v.reason
     assert cap.hicache_verdict(0, 70_272, 116_171, None).feasible
 

@@ -9,13 +9,14 @@ import yaml
 
 from tests.helpers.studies import REPO
 from tuner.capacity import calculus as cap
+from tuner.capacity.calculus import Parallel
 from tuner.check.lines import FAIL, OK, SKIP, CheckLine, fail, ok, render
 from tuner.check.machine import hicache_limit, parse_apps, parse_gpus, parse_meminfo
 from tuner.check.plan import Check, _run
 from tuner.check.probe import Probe
 from tuner.check.reading import capacity
 from tuner.check.sglang import python_module, study_flags, version_package
-from tuner.check.spacefacts import model_path, ranks, values_of
+from tuner.check.spacefacts import largest_parallel, model_path, values_of
 from tuner.config.load import parse_study
 from tuner.errors import SetupError
 from tuner.server.target import Launch
@@ -40,11 +41,11 @@ def test_meminfo_and_the_largest_hicache_size() -> None:
     info = parse_meminfo("MemTotal:  104857600 kB\nMemAvailable: 52428800 kB\nHugePages_Total: 0\n")
     assert info["MemTotal"] == 100 * cap.GIB and info["MemAvailable"] == 50 * cap.GIB
     # capacity's own formula (10 GiB reserve) on what is left after the margin, per rank
-    assert hicache_limit(info["MemAvailable"], info["MemTotal"], 1, 1, 1) == (
+    assert hicache_limit(info["MemAvailable"], info["MemTotal"], 1) == (
         cap.max_hicache_gb_per_rank(45 * cap.GIB)
     )
-    assert hicache_limit(50 * cap.GIB, 100 * cap.GIB, 2, 2, 1) == 9  # 35 GiB over 4 ranks
-    assert hicache_limit(cap.GIB, 100 * cap.GIB, 1, 1, 1) == 0
+    assert hicache_limit(50 * cap.GIB, 100 * cap.GIB, 4) == 9  # 35 GiB over 4 ranks
+    assert hicache_limit(cap.GIB, 100 * cap.GIB, 1) == 0
 
 
 def test_the_study_far_ends() -> None:
@@ -52,7 +53,11 @@ def test_the_study_far_ends() -> None:
     data["space"]["hicache-size"] = {"low": 0, "high": 300}
     data["space"]["data-parallel-size"] = {"choices": [1, 4]}
     cfg = parse_study(data)
-    assert ranks(cfg) == (2, 4, 1)
+    assert largest_parallel(cfg) == Parallel(tp=2, dp=4)
+    assert largest_parallel(cfg).ranks == 8  # DP without DP attention: replicas
+    data["server"]["enable-dp-attention"] = True
+    data["space"]["data-parallel-size"] = {"choices": [1, 2]}
+    assert largest_parallel(parse_study(data)).ranks == 2  # the GPUs, not TP x DP
     assert values_of(cfg, "hicache-size") == ("space.hicache-size", [0.0, 300.0])
     assert model_path(cfg) == "meta-llama/Llama-3.1-8B-Instruct"
     flags = study_flags(cfg)

@@ -128,7 +128,7 @@ def test_hicache_host_memory_is_per_rank_times_tp():
     ok = script_for("kimi-k2.5-tp8", "--enable-hierarchical-cache", "--hicache-size", "40")
     assert ok.failure is None and ok.hicache.host_tokens == -(-40 * 10**9 // 70272)
     verdict = capacity.hicache_verdict(
-        60, 70272, s.plan.max_total_num_tokens, (449 - 25) * 1e9, tp=8
+        60, 70272, s.plan.max_total_num_tokens, (449 - 25) * 1e9, ranks=8
     )
     assert not verdict.feasible
 

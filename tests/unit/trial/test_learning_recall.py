@@ -95,7 +95,7 @@ def test_recall_learns_each_launched_trial_once_and_nothing_else() -> None:
     assert [(m, n) for _, m, n in know.graph_failures] == [(0.95, 1)]
     assert [(m, n) for _, m, n in know.floors] == [(0.40, 2)]
     assert [(m, c, n) for _, m, c, n in know.deaths] == [(0.92, 64, 3), (0.94, 64, 8)]
-    assert know.host_failures == (((1, 1), 48.0, 7),)
+    assert know.host_failures == ((1, 48.0, 7),)  # 1 GPU rank
     # what this run learned live is the same entry when the study recalls it
     assert recalled(know, trials, flags) == know
     # the first start calibrates; a recalled one never replaces it
@@ -113,8 +113,6 @@ def test_a_host_memory_failure_teaches_only_the_worker_whose_host_it_was() -> No
     # host-b's host may have the RAM host-a lacked; the GPUs are alike (the study's hardware)
     other = recalled(Knowledge(), trials, flags, worker="host-b")
     assert other.host_failures == () and [n for *_, n in other.graph_failures] == [0]
-    assert recalled(Knowledge(), trials, flags, worker="host-a").host_failures == (
-        ((1, 1), 48.0, 1),
-    )
+    assert recalled(Knowledge(), trials, flags, worker="host-a").host_failures == ((1, 48.0, 1),)
     # no worker given (nothing to tell hosts apart by): it teaches
-    assert recalled(Knowledge(), trials, flags).host_failures == (((1, 1), 48.0, 1),)
+    assert recalled(Knowledge(), trials, flags).host_failures == ((1, 48.0, 1),)
