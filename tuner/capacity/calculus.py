@@ -171,6 +171,17 @@ def kv_layout(config: Mapping[str, Any], tp: int = 1, kv_dtype: str = "auto") ->
     return KVLayout("mha", layers, dbytes, bpt, detail)
 
 
+def with_draft(bytes_per_token: int, target_layers: int, draft_layers: int) -> int:
+    """Bytes per token per GPU rank with a speculative draft's KV in the same pool, as SGLang
+    0.5.23 sizes it (`model_executor/pool_configurator.py:310-313`: the cell grows by
+    `int(cell x draft layers / target layers)`): an EAGLE, EAGLE-3 or MTP draft reuses the
+    target's per-layer KV size. 0.5.6.post2 instead gives the draft a pool of its own after the
+    target's is sized (the simulator plays each version's rule)."""
+    if draft_layers <= 0 or target_layers <= 0:
+        return bytes_per_token
+    return bytes_per_token + int(bytes_per_token * draft_layers / target_layers)
+
+
 # --- the KV pool ------------------------------------------------------------------------
 
 

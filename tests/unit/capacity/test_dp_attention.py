@@ -63,3 +63,9 @@ def test_the_seed_case_hicache_is_feasible_under_dp_attention() -> None:
     assert not too_big.feasible and "8 ranks x 60 GB" in too_big.reason
     replicas = precheck({**flags, "enable-dp-attention": False}, hw, Knowledge())
     assert not replicas.feasible and "64 ranks" in replicas.reason
+
+
+def test_a_drafts_kv_grows_the_cell_by_its_share_of_layers() -> None:
+    # 0.5.23 pool_configurator.py:310-313: Kimi's 61 layers plus an EAGLE-3 draft of 1
+    assert cap.with_draft(KIMI_BPT, 61, 1) == KIMI_BPT + int(KIMI_BPT / 61)
+    assert cap.with_draft(KIMI_BPT, 61, 0) == KIMI_BPT
