@@ -221,18 +221,18 @@ def max_running_requests(
     max_running_requests_flag: int | None = None,
     attn_dp: int = 1,
 ) -> int:
-    """SGLang's cap on one scheduler's running requests: min(tokens // 2, or the flag split
-    among the attention DP groups, the req_to_token pool size) (0.5.6.post2
-    `managers/tp_worker.py:292-300`; `attn_dp`: `Parallel.attn_dp`)."""
+    """SGLang's cap on one scheduler's running requests (one per DP replica or attention DP
+    group): min(tokens // 2, or the flag split among the attention DP groups, the
+    req_to_token pool size) (0.5.6.post2 `managers/tp_worker.py:292-300`; `attn_dp`:
+    `Parallel.attn_dp`). The pool holds clamp(tokens / context x 512, 2048, 4096) requests,
+    or the flag itself when given (`model_executor/model_runner.py:1650-1660`). 0.5.23 caps a
+    given flag at tokens // 2 too (`mem_cache/kv_cache_configurator.py:3119-3132`)."""
     if total_tokens <= 0:
         return 0
-    req_pool = min(max(int(total_tokens / max(context_len, 1) * 512), 2048), 4096)
-    asked = (
-        total_tokens // 2
-        if max_running_requests_flag is None
-        else max_running_requests_flag // attn_dp
-    )
-    return min(asked, req_pool)
+    if max_running_requests_flag is None:
+        req_pool = min(max(int(total_tokens / max(context_len, 1) * 512), 2048), 4096)
+        return min(total_tokens // 2, req_pool)
+    return min(max_running_requests_flag // attn_dp, max_running_requests_flag)
 
 
 def admissible_requests(total_tokens: int, avg_len: float, running_cap: int) -> int:

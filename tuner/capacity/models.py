@@ -52,17 +52,19 @@ def load_model_config(name_or_path: str) -> dict[str, Any]:
 
 
 def hardware_of(cfg: StudyConfig) -> Hardware:
-    """The pre-check's facts: bytes per token from the model config, GPU memory, host RAM."""
+    """The pre-check's facts: the model config (each trial's bytes per token from its own
+    flags) and the study's fixed flags' bytes per token, GPU memory, host RAM."""
     hw = cfg.hardware
-    bpt = None
+    bpt, model = None, None
+    server = effective_flags(cfg.server)
     if hw.model_config_path:
-        server = effective_flags(cfg.server)
         tp = parallel_of(server).attn_tp
         kv_dtype = str(server.get("kv-cache-dtype", "auto"))
         if kv_dtype == "bfloat16":
             kv_dtype = "bf16"
         try:
-            bpt = kv_layout(load_model_config(hw.model_config_path), tp, kv_dtype).bytes_per_token
+            model = load_model_config(hw.model_config_path)
+            bpt = kv_layout(model, tp, kv_dtype).bytes_per_token
         except ModelConfigError as exc:
             where = f"{hw.model_config_path}: {exc}"
             raise ConfigError(where, file=cfg.source, key="hardware.model_config") from None
@@ -71,4 +73,6 @@ def hardware_of(cfg: StudyConfig) -> Hardware:
         gpu_mem_mib=hw.gpu_mem_mib,
         host_ram_gb=hw.host_ram_gb,
         weights_gib=hw.weights_gib,
+        model_config=model,
+        server=server,
     )

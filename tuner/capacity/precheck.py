@@ -6,6 +6,13 @@ mfs), every CUDA-graph capture failure marks the mfs above which the same memory
 out of memory) at mfs m and concurrency c that higher m with the same flags, or with a larger
 chunked-prefill-size, dies at c or more (less headroom, prefills no smaller). Only certain
 failures are rejected; anything doubtful is left to measurement.
+
+Bytes per token are the trial's own (`cell_bounds`): the model's config under the trial's
+attention TP (DP attention searched or not) and KV dtype, and a speculative draft's share,
+which SGLang 0.5.23 adds to the cell and 0.5.6.post2 keeps in a pool of its own: the pool's
+projection takes the bound that cannot reject a start either version makes. A pool seen on a
+start calibrates only trials of the same layout (`POOL_FLAGS`: the weights per GPU and the
+cell are the same there).
 """
 
 from __future__ import annotations
@@ -15,7 +22,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.capacity import calculus as cap
+from tuner.capacity.layout import cell_bounds, launch_problem, parallel_of, pool_key
+from tuner.capacity.speculation import speculation_of, v056_slots_bound
 from tuner.sglang.flags import effective_flags
+
+__all__ = ["launch_problem", "parallel_of"]  # their home is capacity.layout; callers use both
 
 #: host RAM kept back beyond SGLang's own 10 GiB reserve, for the server's other processes
 #: (tokenizer, detokenizer, the Python heap) which the reserve does not cover
@@ -39,8 +50,15 @@ MEMORY_FLAGS = (
     "context-length",
     "quantization",
     "enable-dp-attention",
+    "attn-dp-size",
+    "enable-dp-lm-head",
     "max-total-tokens",
     "model-path",
+    "speculative-algorithm",
+    "speculative-draft-model-path",
+    "speculative-num-steps",
+    "speculative-eagle-topk",
+    "speculative-num-draft-tokens",
 )
 
 
@@ -48,11 +66,16 @@ MEMORY_FLAGS = (
 class Hardware:
     """What the pre-check knows of the host (any part may be unknown)."""
 
+    #: the KV cell of the study's fixed `server:` flags (`model_config` gives each trial its own)
     bytes_per_token: int | None = None
     gpu_mem_mib: float | None = None
     host_ram_gb: float | None = None
     #: weights and everything else outside the KV pool (GiB per GPU), until a start calibrates it
     weights_gib: float | None = None
+    #: the model's config.json (`hardware.model_config`): each trial's cell from its own flags
+    model_config: Mapping[str, Any] | None = None
+    #: the study's fixed flags, under a trial's (a partial flag set still gets its TP)
+    server: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,8 @@ class Knowledge:
     """What earlier trials taught: one pool calibration, and CUDA-graph failures by memory key."""
 
     calibration: tuple[int, float] | None = None  # (max_total_num_tokens, mfs) seen on a real start
+    #: (pool key, max_total_num_tokens, mfs): the first start of each layout (`POOL_FLAGS`)
+    pools: tuple[tuple[tuple, int, float], ...] = field(default_factory=tuple)
     graph_failures: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
     #: (memory key, mfs, trial): "Not enough memory" there, so at any lower mfs too
     floors: tuple[tuple[tuple, float, int], ...] = field(default_factory=tuple)
@@ -68,8 +93,27 @@ class Knowledge:
     #: (GPU ranks, hicache-size, trial): the host could not pin that much per rank, nor more
     host_failures: tuple[tuple[int, float, int], ...] = field(default_factory=tuple)
 
-    def with_start(self, tokens: int, mfs: float) -> Knowledge:
-        return self if self.calibration else replace(self, calibration=(tokens, mfs))
+    def with_start(
+        self, tokens: int, mfs: float, flags: Mapping[str, Any] | None = None
+    ) -> Knowledge:
+        """A start's pool: the first calibrates (`calibration`); with its flags, the first of
+        its layout calibrates that layout's trials (`pools`)."""
+        know = self if self.calibration else replace(self, calibration=(tokens, mfs))
+        if flags is None:
+            return know
+        key = pool_key(flags)
+        if any(k == key for k, _, _ in know.pools):
+            return know
+        return replace(know, pools=(*know.pools, (key, tokens, mfs)))
+
+    def calibration_for(self, flags: Mapping[str, Any]) -> tuple[int, float] | None:
+        """The start that calibrates a trial with these flags: its layout's first; none when
+        only other layouts started (their weights per GPU or cell differ); the first start
+        when no start's flags are known."""
+        if not self.pools:
+            return self.calibration
+        key = pool_key(flags)
+        return next(((t, m) for k, t, m in self.pools if k == key), None)
 
     def _with(self, name: str, entry: tuple) -> Knowledge:
         """`entry` added to the field `name`; each entry names its trial, so the same trial
@@ -138,35 +182,58 @@ def memory_key(flags: Mapping[str, Any]) -> tuple:
     return tuple((k, str(launched.get(k))) for k in MEMORY_FLAGS)
 
 
-def parallel_of(flags: Mapping[str, Any]) -> cap.Parallel:
-    """TP, DP, PP and DP attention as SGLang reads the flags (any alias or unique prefix)."""
-    launched = effective_flags(flags)
-    return cap.Parallel(
-        tp=int(launched.get("tensor-parallel-size") or 1),
-        dp=int(launched.get("data-parallel-size") or 1),
-        pp=int(launched.get("pipeline-parallel-size") or 1),
-        dp_attention=bool(launched.get("enable-dp-attention")),
-    )
-
-
 def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> int | None:
-    """Pool size at this mfs, or None when it cannot be known yet.
+    """Pool size at this mfs by the trial's target cell, or None when it cannot be known yet.
 
-    The fixed part (weights and the rest) comes from a real start when one was seen, else from
-    `hardware.weights_gib`, a lower bound: the real pool can only be smaller.
+    The fixed part (weights and the rest) comes from a real start of the same layout when one
+    was seen (`Knowledge.calibration_for`), else from `hardware.weights_gib`, a lower bound:
+    the real pool can only be smaller.
     """
     mfs = flags.get("mem-fraction-static")
-    if mfs is None or not hw.gpu_mem_mib or not hw.bytes_per_token:
+    cells = cell_bounds(flags, hw.model_config, hw.server, hw.bytes_per_token)
+    if mfs is None or not hw.gpu_mem_mib or cells is None:
         return None
+    return _pool_at(float(mfs), cells[0], hw, know.calibration_for(flags))
+
+
+def _pool_at(
+    mfs: float, cell: int | None, hw: Hardware, calibration: tuple[int, float] | None
+) -> int | None:
+    """The pool at `mfs` if SGLang divides by `cell` (None: a cell without bound, so the
+    calibrated pool does not move with mfs), from the calibration or the weights."""
+    assert hw.gpu_mem_mib
     free0 = hw.gpu_mem_mib * cap.MIB
-    if know.calibration is not None:
-        tokens, at_mfs = know.calibration
-        fixed = cap.calibrate_fixed_bytes(tokens, at_mfs, free0, hw.bytes_per_token)
-    elif hw.weights_gib is not None:
+    if calibration is not None:
+        tokens, at_mfs = calibration
+        if cell is None:
+            return tokens
+        fixed = cap.calibrate_fixed_bytes(tokens, at_mfs, free0, cell)
+    elif hw.weights_gib is not None and cell is not None:
         fixed = int(hw.weights_gib * cap.GIB)
     else:
         return None
-    return cap.pool_tokens(float(mfs), free0, fixed, hw.bytes_per_token)
+    return cap.pool_tokens(mfs, free0, fixed, cell)
+
+
+def pool_range(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> tuple[int, int] | None:
+    """(floor, ceiling) of the pool this trial's start reports, whichever cell its SGLang
+    divides by (`cell_bounds`); None when unknown. Without a start of its layout the floor is
+    0 (weights alone bound the pool from above only) and the ceiling allows for the slots
+    0.5.6.post2 adds under speculation; a start's own pool already holds them."""
+    mfs = flags.get("mem-fraction-static")
+    cells = cell_bounds(flags, hw.model_config, hw.server, hw.bytes_per_token)
+    if mfs is None or not hw.gpu_mem_mib or cells is None:
+        return None
+    calibration = know.calibration_for(flags)
+    low, high = (_pool_at(float(mfs), c, hw, calibration) for c in cells)
+    if low is None:
+        return None
+    if calibration is None:
+        spec = speculation_of(effective_flags(flags))
+        slots = v056_slots_bound(flags, spec) if spec is not None and spec.has_draft else 0
+        return 0, low + slots
+    assert high is not None
+    return min(low, high), max(low, high)
 
 
 #: what the calibration cannot see: the CUDA context (0.4-1 GiB) sits in the GPU memory the
@@ -174,14 +241,16 @@ def projected_tokens(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) ->
 CONTEXT_SLACK_BYTES = cap.GIB
 
 
-def device_floor(mfs: float, tokens: int | None, bytes_per_token: int, know: Knowledge) -> int:
+def device_floor(
+    mfs: float, tokens: int | None, bytes_per_token: int, calibration: tuple[int, float] | None
+) -> int:
     """A pool the server will surely have at `mfs`, for the rule "host pool larger than the
     device pool": a rejection on an over-estimate would be a false cliff. Only a real start
     (the calibration) gives one, less the drift of the CUDA context; weights alone give an upper
     bound (nothing else counted), so no floor (0)."""
-    if tokens is None or know.calibration is None:
+    if tokens is None or calibration is None:
         return 0
-    drift = abs(mfs - know.calibration[1]) * CONTEXT_SLACK_BYTES / bytes_per_token
+    drift = abs(mfs - calibration[1]) * CONTEXT_SLACK_BYTES / bytes_per_token
     return max(0, int(tokens - drift))
 
 
@@ -193,14 +262,16 @@ def precheck(
     # what the server is launched with: `mem-frac` is --mem-fraction-static, and HiCache is on
     # exactly when the launch turns it on (hicache-size decides, fixed or searched)
     flags = effective_flags(flags)
+    if (problem := launch_problem(flags)) is not None:
+        return Verdict(False, problem, "bad_flag")
     mfs = flags.get("mem-fraction-static")
     if mfs is not None and (learned := _learned(flags, float(mfs), know, concurrency)):
         return learned
-    tokens = projected_tokens(flags, hw, know)
-    if tokens is not None and tokens <= 0:
+    pool = pool_range(flags, hw, know)
+    if pool is not None and pool[1] <= 0:
         return Verdict(
             False,
-            f"mem-fraction-static {float(mfs):g} leaves no KV pool (projected {tokens} tokens)",
+            f"mem-fraction-static {float(mfs):g} leaves no KV pool (projected {pool[1]} tokens)",
             "not_enough_memory",
         )
     size = flags.get("hicache-size")
@@ -216,9 +287,12 @@ def precheck(
                 "host_memory",
             )
     host = None if hw.host_ram_gb is None else hw.host_ram_gb * cap.GB
-    if hw.bytes_per_token:
-        device = device_floor(float(mfs or 0), tokens, hw.bytes_per_token, know)
-        v = cap.hicache_verdict(float(size), hw.bytes_per_token, device, host, ranks)
+    cells = cell_bounds(flags, hw.model_config, hw.server, hw.bytes_per_token)
+    if cells is not None:
+        # the host pool mirrors the target's KV, so its tokens are counted at the target's cell
+        floor = pool[0] if pool is not None else None
+        device = device_floor(float(mfs or 0), floor, cells[0], know.calibration_for(flags))
+        v = cap.hicache_verdict(float(size), cells[0], device, host, ranks)
         if not v.feasible:
             kind = "host_memory" if "host RAM" in v.reason or "exceeds" in v.reason else "crashed"
             return Verdict(False, f"hicache-size {size}: {v.reason}", kind)

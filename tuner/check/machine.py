@@ -1,5 +1,5 @@
 """The host's resources against the study: GPUs (and who holds them), host RAM for HiCache,
-the model path, the server's port.
+the model path and a speculative draft's, the server's port.
 
 GPU probes run `nvidia-smi` in the launch's environment (its PATH is the server's); a host
 without it (the simulator, a CPU box) gets a warning, not a FAIL.
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from tuner.capacity import calculus as cap
 from tuner.capacity.precheck import HOST_RAM_MARGIN, parse_meminfo
-from tuner.check.lines import CheckLine, fail, ok, skip, warn
+from tuner.check.lines import OK, CheckLine, fail, ok, skip, warn
 from tuner.check.probe import Probe, said
-from tuner.check.spacefacts import largest_parallel, model_path, values_of
+from tuner.check.spacefacts import draft_paths, largest_parallel, model_path, values_of
 from tuner.errors import ConfigError, PortHeldError, SetupError
 
 GPU_QUERY = "--query-gpu=index,name,memory.total,memory.free"
@@ -185,6 +185,25 @@ def model(p: Probe) -> CheckLine:
     path = model_path(p.cfg)
     if path is None:
         return skip("model path", "server.model-path is not a plain string")
+    return _model_dir(p, "model path", "server.model-path", path)
+
+
+def draft(p: Probe) -> CheckLine:
+    """Each speculative draft model path the study can ask for (`--speculative-draft-model-path`,
+    fixed or among the choices searched) exists on the host, unless it is a hub id; a draft
+    SGLang takes from the model itself (an MTP head) needs none."""
+    where, paths = draft_paths(p.cfg)
+    if where is None:
+        return skip("draft model", "no speculative draft model path in the study")
+    if p.cfg.target.container is not None:
+        return skip("draft model", "a path inside the container (target.container): not probed")
+    lines = [_model_dir(p, "draft model", where, path) for path in paths]
+    return next((line for line in lines if line.status != OK), lines[0])
+
+
+def _model_dir(p: Probe, name: str, where: str, path: str) -> CheckLine:
+    """A model folder on the host: OK with a config.json, a warning without, FAIL if missing
+    (a hub id is downloaded at start)."""
     q = shlex.quote(path)
     res = p.run_env(
         f"if test -e {q}; then test -f {q}/config.json && echo model || echo other; "
@@ -193,14 +212,14 @@ def model(p: Probe) -> CheckLine:
     )
     state = res.stdout.strip()
     if state == "model":
-        return ok("model path", f"{path} holds a config.json on {p.where}")
+        return ok(name, f"{path} holds a config.json on {p.where}")
     if state == "other":
-        return warn("model path", f"{path} exists on {p.where} but holds no config.json")
+        return warn(name, f"{path} exists on {p.where} but holds no config.json")
     if _hub_id(path):
-        return ok("model path", f"{path}: a hub id, downloaded at start (needs the hub or a cache)")
+        return ok(name, f"{path}: a hub id, downloaded at start (needs the hub or a cache)")
     return fail(
-        "model path",
-        f"server.model-path: {path} does not exist on {p.where} ({said(res)}); fix the path "
+        name,
+        f"{where}: {path} does not exist on {p.where} ({said(res)}); fix the path "
         "(a relative one is relative to target.workdir)",
         ConfigError,
     )

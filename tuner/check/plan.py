@@ -43,6 +43,7 @@ CHECKS: tuple[Check, ...] = (
     Check("capacity", "capacity", lambda p: reading.capacity(p.cfg)),
     Check("trial time", "trial time", lambda p: reading.trial_time(p.cfg)),
     Check("model path", "model path", machine.model, ("workdir",)),
+    Check("draft model", "draft model", machine.draft, ("workdir",)),
     Check("port", "port", machine.port, ("shell",)),
     Check("http path", "http path", httppath.http_path, ("port",)),
 )

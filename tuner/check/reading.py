@@ -7,30 +7,54 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.capacity.analysis import CapacityInputs, analyze
+from tuner.capacity.draftreading import DraftInputs
 from tuner.capacity.models import load_model_config
+from tuner.capacity.speculation import mtp_layers, speculation_of
 from tuner.check.lines import CheckLine, fail, ok, skip, warn
-from tuner.check.spacefacts import largest, values_of
+from tuner.check.spacefacts import largest, largest_parallel, values_of
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, TunerError
 from tuner.search.mode import inner_mode, trial_time_problem
 from tuner.sglang.defaults import default_mem_fraction_static
-from tuner.sglang.flags import normalize_flags
+from tuner.sglang.flags import effective_flags, normalize_flags
+
+
+def _draft(cfg: StudyConfig, model_config: dict[str, Any]) -> DraftInputs | None:
+    """The study's fixed speculative draft when the reading can size it: the model's own MTP
+    head (`num_nextn_predict_layers`); a separate draft's config is on the host, not here."""
+    server = effective_flags(cfg.server)
+    spec = speculation_of(server)
+    if spec is None or not spec.has_draft or not spec.own_mtp(server.get("model-path")):
+        return None
+    if mtp_layers(model_config) is None:
+        return None
+    return DraftInputs(
+        algorithm=spec.algorithm,
+        num_steps=spec.steps,
+        eagle_topk=spec.topk,
+        num_draft_tokens=spec.draft_tokens,
+    )
 
 
 def capacity_inputs(cfg: StudyConfig, model_config: dict[str, Any]) -> CapacityInputs:
-    """`tuner capacity`'s inputs for this study: its TP/DP, KV dtype, page size, the ends of
-    its mfs range (SGLang's default when not searched) and its non-zero HiCache sizes."""
+    """`tuner capacity`'s inputs for this study: its TP/DP (DP attention where every trial has
+    it), KV dtype, page size, the ends of its mfs range (SGLang's default when not searched),
+    its non-zero HiCache sizes, a fixed --max-running-requests and an MTP draft."""
     hw = cfg.hardware
     assert hw.gpu_mem_mib is not None
-    tp = int(largest(cfg, "tensor-parallel-size", 1))
-    dp = int(largest(cfg, "data-parallel-size", 1))
+    par = largest_parallel(cfg)
+    tp, dp = par.tp, par.dp
     kv = str(normalize_flags(cfg.server).get("kv-cache-dtype", "auto"))
     _, mfs = values_of(cfg, "mem-fraction-static")
     _, sizes = values_of(cfg, "hicache-size")
+    where, running = values_of(cfg, "max-running-requests")
     return CapacityInputs(
         model_config=model_config,
         tp=tp,
         dp=dp,
+        dp_attention=par.dp_attention,
+        max_running_requests=int(running[0]) if where and where.startswith("server.") else None,
+        draft=_draft(cfg, model_config),
         kv_dtype={"bfloat16": "bf16"}.get(kv, kv),
         page_size=int(largest(cfg, "page-size", 1)),
         gpu_mem_mib=hw.gpu_mem_mib,
@@ -51,7 +75,7 @@ def capacity(cfg: StudyConfig) -> CheckLine:
         report = analyze(capacity_inputs(cfg, load_model_config(hw.model_config_path)))
     except TunerError as exc:
         return fail("capacity", f"{cfg.source}: hardware.model_config: {exc}", ConfigError)
-    parts = [f"{report['bytes_per_token']:,} B/token/rank (TP {report['tp']})"]
+    parts = [f"{report['bytes_per_token']:,} B/token/rank ({report['parallel']['describe']})"]
     warnings = []
     if report["projection"]:
         pools = ", ".join(

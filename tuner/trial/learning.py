@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 Flags = Mapping[str, Any]
 
 
-def learned_start(know: Knowledge, tokens: Any, mfs: Any) -> Knowledge:
-    """A start that reported its pool: the first one calibrates the pool's projection."""
+def learned_start(know: Knowledge, tokens: Any, mfs: Any, flags: Flags | None = None) -> Knowledge:
+    """A start that reported its pool: the first one calibrates the pool's projection, the
+    first of each layout (`flags`: its launch flags) that layout's trials."""
     if tokens and mfs:
-        return know.with_start(int(tokens), float(mfs))
+        return know.with_start(int(tokens), float(mfs), flags)
     return know
 
 
@@ -94,7 +95,7 @@ def recalled(
             continue
         info = a.get(Attr.SERVER_INFO) or {}
         know = learned_start(
-            know, info.get("max_total_num_tokens"), info.get("mem_fraction_static")
+            know, info.get("max_total_num_tokens"), info.get("mem_fraction_static"), flags
         )
         points = tuple(a.get(Attr.LOAD_POINTS) or ())
         know = learned_death(know, replace(outcome, points=points), flags, t.params, t.number)
