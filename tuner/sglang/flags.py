@@ -184,6 +184,10 @@ def full_names(flags: Mapping[str, Any]) -> dict[str, Any]:
 HICACHE_FLAG_PREFIX = "hicache-"
 HICACHE_SIZE = "hicache-size"
 HICACHE_ON = "enable-hierarchical-cache"
+#: speculative decoding's flags; `speculative-algorithm: none` drops them all (effective_flags)
+SPEC_FLAG_PREFIX = "speculative-"
+SPEC_ALGORITHM = "speculative-algorithm"
+SPEC_OFF = "none"
 
 
 class LaunchFlags(dict[str, Any]):
@@ -194,24 +198,41 @@ class LaunchFlags(dict[str, Any]):
 
 def effective_flags(flags: Mapping[str, Any]) -> LaunchFlags:
     """The flags a server is launched with, from the study's fixed flags and a trial's values:
-    every name as SGLang's full name (an alias or prefix as argparse resolves it), and HiCache
-    as `hicache-size` says, wherever it was set (server: or space:): a positive size turns
-    `enable-hierarchical-cache` on; 0 means HiCache off, so that flag and every `hicache-*`
-    flag are dropped, even one fixed under server:. The launch, the pre-check and the export
-    all judge this set. Flags already normalized (a `LaunchFlags`) are returned as they are.
-    Raises DuplicateFlagError for one flag under two names."""
+    every name as SGLang's full name (an alias or prefix as argparse resolves it), and two
+    switches said by a value, wherever it was set (server: or space:), so a study can search
+    "off" beside the settings:
+
+    - HiCache as `hicache-size` says: a positive size turns `enable-hierarchical-cache` on; 0
+      means HiCache off, so that flag and every `hicache-*` flag are dropped, even one fixed
+      under server:;
+    - `speculative-algorithm: none` means no speculative decoding (SGLang's default), so it
+      and every `speculative-*` flag are dropped (the draft model's path fixed under server:
+      too).
+
+    The launch, the pre-check and the export all judge this set. Flags already normalized (a
+    `LaunchFlags`) are returned as they are. Raises DuplicateFlagError for one flag under two
+    names."""
     if isinstance(flags, LaunchFlags):
         return flags
     out = full_names(flags)
     size = out.get(HICACHE_SIZE)
-    if size is None or isinstance(size, bool):
-        return LaunchFlags(out)
-    if size:
-        out[HICACHE_ON] = True
-        return LaunchFlags(out)
-    return LaunchFlags(
-        {k: v for k, v in out.items() if k != HICACHE_ON and not k.startswith(HICACHE_FLAG_PREFIX)}
-    )
+    if size is not None and not isinstance(size, bool):
+        if size:
+            out[HICACHE_ON] = True
+        else:
+            out = _without(out, HICACHE_FLAG_PREFIX, HICACHE_ON)
+    if speculation_off(out.get(SPEC_ALGORITHM)):
+        out = _without(out, SPEC_FLAG_PREFIX)
+    return LaunchFlags(out)
+
+
+def speculation_off(algorithm: Any) -> bool:
+    """Is this `speculative-algorithm` value the study file's "no speculative decoding"?"""
+    return isinstance(algorithm, str) and algorithm.lower() == SPEC_OFF
+
+
+def _without(flags: dict[str, Any], prefix: str, *names: str) -> dict[str, Any]:
+    return {k: v for k, v in flags.items() if k not in names and not k.startswith(prefix)}
 
 
 def boolean_optional(name: str, version: str | None = None) -> bool:

@@ -3,10 +3,12 @@
 Exit codes, as SGLang's process tree shows them to a shell:
   0    SIGTERM: drained and shut down
   1    an exception in the main process (argument check such as HiCache + --disable-radix-cache,
+       ServerArgs' post-init refusing DP attention or speculative flags as SGLang's does,
        uvicorn failing to bind a port in use)
   2    argparse rejected a flag (one line, without argparse's 60-line usage), a bad `--sim-fault`
        spec or `--port`; a bad `--config` file, profile or `--sim-fault-state` file (one line
-       naming file and key)
+       naming file and key); a speculative algorithm the profile has no draft for, or a
+       `--sim-acceptance` kind it lacks (argparse's form)
   137  a scheduler child failed (start-up OOM, HiCache host memory, prefill OOM under load): SGLang's
        parent SIGKILLs its whole tree, so a shell sees 128 + 9. The simulator exits with 137 rather
        than killing itself, so Popen sees 137 where real SGLang gives -9: classify both as a crash.

@@ -60,6 +60,9 @@ MODELED = frozenset(
         *("disable_cuda_graph", "cuda_graph_max_bs", "cuda_graph_bs"),
         *("tp_size", "pp_size", "dp_size", "enable_hierarchical_cache"),
         *("hicache_ratio", "hicache_size", "hicache_write_policy"),
+        *("enable_dp_attention", "load_balance_method", "disable_overlap_schedule"),
+        *("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps"),
+        *("speculative_eagle_topk", "speculative_num_draft_tokens"),
     }
 )
 
@@ -144,6 +147,13 @@ def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="noise seed (default: a fresh one per start, so runs differ as on real hardware)",
+    )
+    a(
+        "--sim-acceptance",
+        type=str,
+        default=None,
+        help="the profile's speculative acceptance kind the traffic plays (chat, code, ...; "
+        "default: the profile's default_kind)",
     )
     add_fault_flags(a)
     return p

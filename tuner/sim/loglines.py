@@ -54,12 +54,13 @@ def capture_sizes(max_bs: int) -> list[int]:
     return sizes if max_bs in sizes else [*sizes, max_bs]
 
 
-def graph_begin(version: str, avail: float) -> str:
-    """The line before CUDA graph capture."""
+def graph_begin(version: str, avail: float, tokens_per_req: int = 1) -> str:
+    """The line before CUDA graph capture (`tokens_per_req`: the draft tokens a speculative
+    verify step runs per request)."""
     if newer(version):
         return (
-            "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
-            f"avail mem={avail:.2f} GB"
+            "Capture target decode CUDA graph begin. backend=full, "
+            f"num_tokens_per_req={tokens_per_req}, avail mem={avail:.2f} GB"
         )
     return (
         f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail:.2f} GB"

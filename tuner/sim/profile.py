@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError, InputFileError
+from tuner.sim.levers import DPAttentionCosts, DraftProfile, parse_dp_attention, parse_speculative
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 MODEL_CONFIGS_DIR = Path(__file__).parent.parent / "model_configs"
@@ -69,6 +70,8 @@ class Profile:
     version: str = "0.5.6.post2"
     timing: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""  # the file it came from
+    speculative: DraftProfile | None = None  # the draft it has (sim/levers.py), if any
+    dp_attention: DPAttentionCosts | None = None  # what DP attention costs (sim/levers.py)
 
     @property
     def free_at_init_mib(self) -> float:
@@ -115,7 +118,8 @@ _NUMBER_KEYS = {
 }
 _STR_KEYS = {"name", "gpu_name", "model_path", "served_model_name", "architecture", "version"}
 _GRAPH_KEYS = {f.name for f in fields(GraphMemory)}
-_ALL_KEYS = _NUMBER_KEYS | _STR_KEYS | {"tp", "model_config", "graph_memory", "timing"}
+_OPTIONAL_KEYS = {"version", "timing", "speculative", "dp_attention"}
+_ALL_KEYS = _NUMBER_KEYS | _STR_KEYS | _OPTIONAL_KEYS | {"tp", "model_config", "graph_memory"}
 
 
 def profile_names() -> list[str]:
@@ -179,7 +183,7 @@ def load_profile(name_or_path: str) -> Profile:
     unknown = sorted(set(raw) - _ALL_KEYS)
     if unknown:
         raise InputFileError(file, f"{unknown[0]}: unknown key")
-    missing = sorted((_ALL_KEYS - {"version", "timing"}) - set(raw))
+    missing = sorted((_ALL_KEYS - _OPTIONAL_KEYS) - set(raw))
     if missing:
         raise InputFileError(file, f"{missing[0]}: missing")
     values: dict[str, Any] = {}
@@ -220,5 +224,7 @@ def load_profile(name_or_path: str) -> Profile:
         graph_memory=graph,
         timing=timing,
         source=file,
+        speculative=parse_speculative(file, raw.get("speculative")),
+        dp_attention=parse_dp_attention(file, raw.get("dp_attention")),
         **values,
     )

@@ -1,39 +1,43 @@
-"""SGLang's start-up, simulated: defaults, the GPU memory model, failure verdicts, log lines. Pure.
+"""SGLang's start-up, simulated: defaults and post-init, the GPU memory model, failure verdicts,
+log lines. Pure.
 
-The memory model (all per GPU rank, GiB):
-
-    free0      = gpu_mem - cuda_context                         (what SGLang measures at init)
-    KV pool    = capacity.pool_tokens(mfs, free0, weights + other, bytes/token)
-    headroom   = free0 - weights - other - KV  (= free0 x (1 - mfs) unless --max-total-tokens)
-    after the req_to_token table and the CUDA graphs: available_gpu_mem (the scheduler's log)
-
-Verdicts, in the order SGLang would hit them:
-  * weights + other > free0: torch OOM while loading weights;
-  * KV tokens <= 0: `RuntimeError: Not enough memory...`;
-  * headroom - req_to_token < graph(cuda_graph_max_bs): `Capture cuda graph failed: CUDA out of memory`
-    (the "cliff" of too-high mfs);
-  * available_gpu_mem < activation(one full prefill batch): start-up succeeds, but a prefill batch
-    with more than `oom_prefill_tokens` new tokens dies under load ("the band below the cliff");
-  * HiCache: host pool not larger than the device pool (AssertionError) or larger than host RAM
-    (ValueError), both late, after graph capture.
-The tuner's pre-check calls `plan_memory` / `hicache_failure` with the same profile numbers.
+The flags are resolved as SGLang's ServerArgs resolves them (serverargs.py: GPU defaults, then
+the post-init rules of `tuner.sglang.postinit`, whose refusals end the launch with exit 1), the
+memory is planned per GPU rank (memplan.py: weights, KV pool, CUDA graphs, DP attention and a
+speculative draft), and the start-up script prints SGLang's lines until it is ready or fails:
+too little memory for the weights or the pool, a CUDA-graph capture (or a draft) that does not
+fit, HiCache's host pool (not larger than the device pool, or beyond host RAM), late, after
+graph capture. The tuner's pre-check calls `plan_memory` / `hicache_failure` with the same
+profile numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.capacity import calculus as capacity
-from tuner.capacity.calculus import GB, GIB
-from tuner.sglang.defaults import default_chunked_prefill_and_graph_bs, default_mem_fraction_static
-from tuner.sglang.flags import DEFAULT_VERSION
+from tuner.capacity.calculus import GB
 from tuner.sim import loglines
+from tuner.sim.memplan import MemoryPlan, SpecShape, plan_memory
 from tuner.sim.profile import Profile
+from tuner.sim.serverargs import Defaults, Levers, played_version, resolve_server_args
+
+__all__ = [
+    "Defaults",
+    "Levers",
+    "MemoryPlan",
+    "Script",
+    "SpecShape",
+    "build_script",
+    "plan_memory",
+    "played_version",
+]
 
 EXIT_CHILD_FAILED = 137  # SGLang's parent SIGKILLs its tree when a child dies: 128 + 9
 EXIT_MAIN_EXCEPTION = 1  # an exception in the main process (argument checks, uvicorn bind)
+EXIT_USAGE = 2  # argparse's code: the simulator refuses a value it cannot play the same way
 
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 GRAPH_ADVICE = (
@@ -48,155 +52,6 @@ RADIX_HICACHE_MESSAGE = (
     "ValueError: The arguments enable-hierarchical-cache and disable-radix-cache are mutually "
     "exclusive and cannot be used at the same time. Please use only one of them."
 )
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """What ServerArgs.__post_init__ resolves from the GPU size when a flag is not given."""
-
-    mem_fraction_static: float
-    chunked_prefill_size: int
-    cuda_graph_max_bs: int
-    context_len: int
-    served_model_name: str
-
-
-def resolve_defaults(ns: argparse.Namespace, profile: Profile) -> Defaults:
-    """SGLang's defaults for this GPU (sglang-reference.md section 1)."""
-    d_chunk, d_bs = default_chunked_prefill_and_graph_bs(profile.gpu_mem_mib, ns.tp_size)
-    chunk = ns.chunked_prefill_size if ns.chunked_prefill_size is not None else d_chunk
-    if ns.cuda_graph_max_bs is not None:
-        bs = ns.cuda_graph_max_bs
-    elif ns.cuda_graph_bs:
-        bs = max(ns.cuda_graph_bs)
-    else:
-        bs = d_bs
-    mfs = ns.mem_fraction_static
-    if mfs is None:
-        mfs = default_mem_fraction_static(profile.gpu_mem_mib, ns.tp_size, ns.pp_size, chunk, bs)
-    ctx = ns.context_length or profile.context_len()
-    return Defaults(mfs, chunk, bs, ctx, ns.served_model_name or ns.model_path)
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """One rank's GPU memory after start-up, and the verdict."""
-
-    verdict: str  # ok | band | weights_oom | not_enough_memory | kv_oom | graph_oom
-    mfs: float
-    kv_kind: str  # mla | mha
-    bytes_per_token: int
-    free0_gib: float
-    weights_gib: float
-    other_gib: float
-    max_total_num_tokens: int
-    kv_gib: float
-    req_to_token_gib: float
-    graph_gib: float
-    activation_gib: float  # one full prefill batch
-    available_gpu_mem_gib: float  # after graphs (may be negative on graph_oom)
-    max_running_requests: int
-    max_req_input_len: int
-    oom_prefill_tokens: int | None  # band: a prefill batch with more new tokens dies
-
-    @property
-    def avail_after_weights_gib(self) -> float:
-        """`avail mem` in the `Load weight end` line."""
-        return self.free0_gib - self.weights_gib
-
-    @property
-    def avail_after_kv_gib(self) -> float:
-        """`avail mem` after the KV pool (and the buffers before it) are allocated."""
-        return self.free0_gib - self.weights_gib - self.other_gib - self.kv_gib
-
-
-def plan_memory(
-    profile: Profile,
-    *,
-    tp: int = 1,
-    mfs: float,
-    chunked_prefill_size: int,
-    max_prefill_tokens: int = 16384,
-    cuda_graph_max_bs: int,
-    disable_cuda_graph: bool = False,
-    page_size: int = 1,
-    kv_cache_dtype: str = "auto",
-    max_total_tokens: int | None = None,
-    max_running_requests: int | None = None,
-    context_len: int | None = None,
-) -> MemoryPlan:
-    """The memory model of the module docstring, for one set of flags."""
-    ctx = context_len or profile.context_len()
-    layout = capacity.kv_layout(profile.model_config, tp, kv_cache_dtype)
-    bpt = layout.bytes_per_token
-    free0 = profile.free_at_init_mib / 1024
-    weights = profile.weights_gib(tp)
-    other = profile.other_gib
-    tokens = capacity.pool_tokens(
-        mfs, free0 * GIB, (weights + other) * GIB, bpt, page_size, max_total_tokens
-    )
-    kv = max(tokens, 0) * bpt / GIB
-    num_reqs = max_running_requests or min(max(int(max(tokens, 0) / ctx * 512), 2048), 4096)
-    req_to_token = num_reqs * (ctx + 4) * 4 / GIB
-    gm = profile.graph_memory
-    graph = 0.0 if disable_cuda_graph else gm.graph_mib(cuda_graph_max_bs) / 1024
-    batch = (
-        min(chunked_prefill_size, max_prefill_tokens)
-        if chunked_prefill_size > 0
-        else max_prefill_tokens
-    )
-    activation = gm.activation_mib(batch) / 1024
-    available = free0 - weights - other - kv - req_to_token - graph
-    verdict = _verdict(free0, weights, other, tokens, kv, req_to_token, available, activation)
-    oom_tokens: int | None = None
-    if verdict == "band":
-        spare_mib = available * 1024 - gm.activation_base_mib
-        per_token = gm.activation_mib_per_token or 1.0
-        oom_tokens = max(1, math.floor(spare_mib / per_token))
-    # DP without DP attention: replicas, each with the whole flag (tp_worker.py:292-300)
-    running = capacity.max_running_requests(max(tokens, 0), ctx, max_running_requests)
-    return MemoryPlan(
-        verdict=verdict,
-        mfs=mfs,
-        kv_kind=layout.kind,
-        bytes_per_token=bpt,
-        free0_gib=free0,
-        weights_gib=weights,
-        other_gib=other,
-        max_total_num_tokens=tokens,
-        kv_gib=kv,
-        req_to_token_gib=req_to_token,
-        graph_gib=graph,
-        activation_gib=activation,
-        available_gpu_mem_gib=available,
-        max_running_requests=running,
-        max_req_input_len=min(ctx - 1, tokens - 1) - 5,
-        oom_prefill_tokens=oom_tokens,
-    )
-
-
-def _verdict(
-    free0: float,
-    weights: float,
-    other: float,
-    tokens: int,
-    kv: float,
-    req_to_token: float,
-    available: float,
-    activation: float,
-) -> str:
-    """The first failure SGLang would hit (module docstring), else `band` or `ok` (GiB)."""
-    if weights + other > free0:
-        return "weights_oom"
-    if tokens <= 0:
-        return "not_enough_memory"
-    if free0 - weights - other - kv - req_to_token < 0:
-        return "kv_oom"
-    if available < 0:
-        return "graph_oom"
-    if available < activation:
-        return "band"
-    return "ok"
 
 
 @dataclass(frozen=True)
@@ -295,6 +150,10 @@ class Script:
     defaults: Defaults
     #: when the HTTP port binds (uvicorn starts), as a fraction of start-up
     bind_at: float = 0.95
+    #: DP attention and speculative decoding as resolved (serverargs.Levers)
+    levers: Levers = field(default_factory=Levers)
+    #: ServerArgs' post-init warnings, printed before anything else
+    warnings: tuple[LogLine, ...] = ()
 
 
 def _scheduler_crash(at: float, exc_lines: tuple[str, ...]) -> Failure:
@@ -321,10 +180,17 @@ def _phase(at: float, *texts: str) -> Phase:
 
 def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
     """The start-up of one command line on one profile: every line, and how it ends."""
-    d = resolve_defaults(ns, profile)
+    d, lev = resolve_server_args(ns, profile)
+    main_lines = tuple(LogLine(w, False) for w in lev.warnings)
+    if lev.refusal is not None:  # ServerArgs' post-init raised in the main process
+        fail = Failure(0.0, (LogLine(lev.refusal.line, False),), lev.refusal.exit_code)
+        return Script((), fail, None, None, d, levers=lev, warnings=main_lines)
+    if lev.unsimulated is not None:
+        fail = Failure(0.0, (LogLine(lev.unsimulated, False),), EXIT_USAGE)
+        return Script((), fail, None, None, d, levers=lev, warnings=main_lines)
     if ns.enable_hierarchical_cache and ns.disable_radix_cache:
         fail = Failure(0.0, (LogLine(RADIX_HICACHE_MESSAGE, False),), EXIT_MAIN_EXCEPTION)
-        return Script((), fail, None, None, d)
+        return Script((), fail, None, None, d, levers=lev, warnings=main_lines)
     plan = plan_memory(
         profile,
         tp=ns.tp_size,
@@ -338,26 +204,33 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
         max_total_tokens=ns.max_total_tokens,
         max_running_requests=ns.max_running_requests,
         context_len=d.context_len,
+        dp_groups=lev.dp_groups,
+        spec=lev.spec,
+        version=played_version(ns),
     )
     phases: list[Phase] = []
-    failure = _load_model(ns, profile, plan, phases) or _capture_graphs(
-        ns, profile, plan, phases, d.cuda_graph_max_bs
+    failure = (
+        _load_model(ns, profile, plan, phases)
+        or _capture_graphs(ns, profile, plan, phases, d.cuda_graph_max_bs, lev.spec)
+        or _load_draft(ns, profile, plan, phases, lev.spec)
     )
     if failure is not None:
-        return Script(tuple(phases), failure, plan, None, d)
+        return Script(tuple(phases), failure, plan, None, d, levers=lev, warnings=main_lines)
     hc: HiCachePlan | None = None
     if ns.enable_hierarchical_cache:
+        par = capacity.Parallel(ns.tp_size, ns.dp_size, ns.pp_size, lev.dp_groups > 1)
         hc = hicache_plan(
             profile,
             plan,
             hicache_size_gb=ns.hicache_size,
             hicache_ratio=ns.hicache_ratio,
-            # the simulator plays DP as replicas: one host pool per GPU of every replica
-            ranks=ns.tp_size * ns.dp_size * ns.pp_size,
+            # one host pool per GPU rank: of every replica, or of the DP attention groups' GPUs
+            ranks=par.ranks,
             page_size=ns.page_size,
         )
         if hc.error:
-            return Script(tuple(phases), _scheduler_crash(0.9, (hc.error,)), plan, hc, d)
+            fail = _scheduler_crash(0.9, (hc.error,))
+            return Script(tuple(phases), fail, plan, hc, d, levers=lev, warnings=main_lines)
         phases.append(
             _phase(0.88, f"Allocating {hc.host_gb:.2f} GB host memory for hierarchical KV cache.")
         )
@@ -372,7 +245,7 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
             f"available_gpu_mem={plan.available_gpu_mem_gib:.2f} GB",
         )
     )
-    return Script(tuple(phases), None, plan, hc, d)
+    return Script(tuple(phases), None, plan, hc, d, levers=lev, warnings=main_lines)
 
 
 def _load_model(
@@ -414,35 +287,73 @@ def _load_model(
 
 
 def _capture_graphs(
-    ns: argparse.Namespace, profile: Profile, plan: MemoryPlan, phases: list[Phase], max_bs: int
+    ns: argparse.Namespace,
+    profile: Profile,
+    plan: MemoryPlan,
+    phases: list[Phase],
+    max_bs: int,
+    spec: SpecShape | None,
 ) -> Failure | None:
     """CUDA graph capture: its log lines, or the out-of-memory failure of too high an mfs."""
     total = profile.gpu_mem_mib / 1024
     after_pool = plan.avail_after_kv_gib - plan.req_to_token_gib
     version = played_version(ns)
+    per_req = spec.num_draft_tokens if spec is not None else 1
     if not ns.disable_cuda_graph:
-        phases.append(_phase(0.7, loglines.graph_begin(version, after_pool)))
-    if plan.verdict == "graph_oom":
-        tried = max(plan.graph_gib - after_pool, 0.01) + plan.graph_gib / 4
-        exc = (
-            "Exception: Capture cuda graph failed: CUDA out of memory. "
-            f"Tried to allocate {tried:.2f} GiB. GPU 0 has a total capacity of {total:.2f} GiB "
-            f"of which {max(after_pool, 0) * 1024:.2f} MiB is free.",
-            *loglines.graph_advice(version, GRAPH_ADVICE),
-        )
-        return _scheduler_crash(0.85, exc)
+        phases.append(_phase(0.7, loglines.graph_begin(version, after_pool, per_req)))
+    if plan.verdict == "graph_oom" and plan.avail_after_target_graphs_gib < 0:
+        return _scheduler_crash(0.85, _graph_failure(version, plan.graph_gib, after_pool, total))
     if not ns.disable_cuda_graph:
         elapsed = profile.startup_s * 0.2
         line = loglines.graph_end(
-            version, max_bs, elapsed, plan.graph_gib, plan.available_gpu_mem_gib
+            version,
+            plan.graph_bs or max_bs,
+            elapsed,
+            plan.graph_gib,
+            plan.avail_after_target_graphs_gib,
         )
         phases.append(_phase(0.85, line))
     return None
 
 
-def played_version(ns: argparse.Namespace) -> str:
-    """The SGLang version the simulator plays (`--sim-sglang-version`)."""
-    return getattr(ns, "sim_sglang_version", None) or DEFAULT_VERSION
+def _graph_failure(version: str, graph_gib: float, free_gib: float, total: float) -> tuple:
+    tried = max(graph_gib - free_gib, 0.01) + graph_gib / 4
+    return (
+        "Exception: Capture cuda graph failed: CUDA out of memory. "
+        f"Tried to allocate {tried:.2f} GiB. GPU 0 has a total capacity of {total:.2f} GiB "
+        f"of which {max(free_gib, 0) * 1024:.2f} MiB is free.",
+        *loglines.graph_advice(version, GRAPH_ADVICE),
+    )
+
+
+def _load_draft(
+    ns: argparse.Namespace,
+    profile: Profile,
+    plan: MemoryPlan,
+    phases: list[Phase],
+    spec: SpecShape | None,
+) -> Failure | None:
+    """The speculative draft after the target's graphs: its weights, (0.5.6.post2) its own KV
+    pool, its CUDA graphs; the torch OOM or capture failure when they do not fit."""
+    if spec is None:
+        return None
+    total = profile.gpu_mem_mib / 1024
+    version = played_version(ns)
+    free = plan.avail_after_target_graphs_gib
+    if free - plan.draft_weights_gib < 0:
+        return _scheduler_crash(0.86, (_cuda_oom(plan.draft_weights_gib, total, free),))
+    free -= plan.draft_weights_gib
+    if plan.draft_tokens:
+        if free - plan.draft_kv_gib < 0:
+            return _scheduler_crash(0.87, (_cuda_oom(plan.draft_kv_gib, total, free),))
+        free -= plan.draft_kv_gib
+        dtype = loglines.KV_TORCH_DTYPE.get(ns.kv_cache_dtype, profile.model_dtype())
+        mla = plan.kv_kind == "mla"
+        line = loglines.kv_allocated(version, dtype, plan.draft_tokens, mla, plan.draft_kv_gib)
+        phases.append(_phase(0.87, line))
+    if plan.verdict == "graph_oom":
+        return _scheduler_crash(0.88, _graph_failure(version, plan.draft_graph_gib, free, total))
+    return None
 
 
 def bind_error_line(host: str, port: int) -> str:

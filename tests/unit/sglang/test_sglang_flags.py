@@ -233,3 +233,14 @@ def test_version_hints(flag: str, hint: str) -> None:
 def test_no_hint_for_unchanged_flags() -> None:
     assert version_hint("mem-fraction-static") is None
     assert version_hint("cuda-graph") is None  # exact names only, no prefixes
+
+
+def test_speculation_off_drops_every_speculative_flag() -> None:
+    from tuner.sglang.flags import effective_flags
+
+    fixed = {"model-path": "m", "speculative-draft-model-path": "/models/draft"}
+    off = effective_flags({**fixed, "speculative-algorithm": "none", "speculative-num-steps": 3})
+    assert off == {"model-path": "m"}
+    on = effective_flags({**fixed, "speculative-algorithm": "EAGLE3", "speculative-num-steps": 3})
+    assert on["speculative-draft-model-path"] == "/models/draft"
+    assert on["speculative-algorithm"] == "EAGLE3" and on["speculative-num-steps"] == 3

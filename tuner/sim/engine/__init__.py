@@ -14,17 +14,23 @@ What it models, after SGLang's scheduler.py / schedule_policy.py (v0.5.6):
   are whole 16-token blocks (or pages); a finished request's generated tokens stay cached under
   keys no prompt can match, so a multi-turn follow-up reuses its earlier prompt, not the answer;
 - a memory-bound decode step time and a compute-bound prefill time (StepTimeModel) with a
-  seeded run-level and step-level noise.
+  seeded run-level and step-level noise;
+- speculative decoding (`EngineParams.spec`): a draft-and-verify iteration per decode step,
+  each request keeping 1 + its accepted drafts, drawn from the profile's acceptance model;
+- DP attention (`EngineParams.dp_groups`): that many schedulers with their own pools, requests
+  dispatched round robin, stepping in lockstep (dpengine.py).
 
 This module is the engine's public API; the parts live in one module each:
 
     scheduler.py   Engine: requests in, one iteration per step(), gauges out
+    dpengine.py    DPEngine: DP attention's groups in lockstep; new_engine picks the engine
     schedtypes.py  EngineParams, Step, TokenEvent, EngineStats, EngineOOM, QueueFull
     schedstate.py  the mutable state an iteration changes (queues, new_token_ratio)
     schedreq.py    a request inside the scheduler and its finish reasons
     prefill.py     a prefill step: order the queue, form the batch, allocate, first tokens
     admission.py   SGLang's PrefillAdder: which waiting requests fit
     decode.py      a decode step, and retraction when the pool is full
+    spec.py        speculative decoding's accept lengths and SGLang's counters of them
     kvpool.py      KV slot accounting over the radix cache (radix.py)
     timing.py      step times and their noise
     telemetry.py   log lines, lifetime counters, gen throughput
@@ -34,12 +40,14 @@ This module is the engine's public API; the parts live in one module each:
 from __future__ import annotations
 
 from tuner.sim.engine.closedloop import RequestTiming, SimRequest, run_closed_loop
+from tuner.sim.engine.dpengine import DPEngine, new_engine
 from tuner.sim.engine.schedtypes import (
     OOM_MESSAGE,
     EngineOOM,
     EngineParams,
     EngineStats,
     QueueFull,
+    SpecParams,
     Step,
     TokenEvent,
 )
@@ -48,6 +56,7 @@ from tuner.sim.engine.timing import StepTimeModel
 
 __all__ = [
     "OOM_MESSAGE",
+    "DPEngine",
     "Engine",
     "EngineOOM",
     "EngineParams",
@@ -55,8 +64,10 @@ __all__ = [
     "QueueFull",
     "RequestTiming",
     "SimRequest",
+    "SpecParams",
     "Step",
     "StepTimeModel",
     "TokenEvent",
+    "new_engine",
     "run_closed_loop",
 ]

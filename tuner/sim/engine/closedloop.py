@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuner.sim.engine.dpengine import new_engine
 from tuner.sim.engine.schedreq import SchedReq
 from tuner.sim.engine.schedtypes import EngineParams, QueueFull
-from tuner.sim.engine.scheduler import Engine
 from tuner.sim.engine.timing import StepTimeModel
 
 
@@ -55,7 +55,7 @@ def run_closed_loop(
         raise ValueError("concurrency must be at least 1")
     if not requests:
         return []
-    eng = Engine(params, timing, bytes_per_token, seed, track_times=True)
+    eng = new_engine(params, timing, bytes_per_token, seed, track_times=True)
     results: list[RequestTiming] = []
     next_index = 0
 

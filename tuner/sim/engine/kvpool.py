@@ -99,11 +99,14 @@ class KVPool:
         if self.cache is not None:
             self.insert(req, req.keys[: min(len(req.keys), end // self.block)])
 
-    def decode_need(self, reqs: Sequence[SchedReq]) -> int:
-        """Slots the next decode step allocates (a page for each request at a page end)."""
+    def decode_need(self, reqs: Sequence[SchedReq], reserve: int = 1) -> int:
+        """Slots the next decode step allocates (a page for each request at a page end), or,
+        under speculative decoding, `reserve` slots (in whole pages) per request."""
         page = self.page
         if page == 1:
-            return len(reqs)
+            return len(reqs) * reserve
+        if reserve > 1:
+            return len(reqs) * self.page_ceil(reserve)
         return page * sum(1 for r in reqs if r.filled - r.prefix >= r.alloc)
 
     def retire(self, req: SchedReq) -> None:

@@ -30,8 +30,32 @@ class Formed(NamedTuple):
     head_blocked: bool
 
 
+class PrefillPlan(NamedTuple):
+    """A prefill batch about to run (empty: the queue's head was aborted, nothing runs)."""
+
+    batch: list[SchedReq]
+    tokens: int  # new tokens
+    pairs: float  # attention (query, key) pairs
+    load: int  # tokens loaded back from the host tier
+
+
 def run_prefill(s: SchedState, out: StepOut) -> float | None:
     """Form and run a prefill batch; its duration, or None when there is nothing to prefill."""
+    if (s.batch_full or not s.waiting) and s.chunked is None:
+        return None  # the common case, decided before building a plan
+    plan = plan_prefill(s, out)
+    if plan is None:
+        return None
+    if not plan.batch:
+        return 0.0
+    duration = s.cost.prefill_s(plan.tokens, plan.pairs, plan.load)
+    first_tokens(s, plan.batch, s.clock + duration, out)
+    return duration
+
+
+def plan_prefill(s: SchedState, out: StepOut) -> PrefillPlan | None:
+    """Form a prefill batch, take it off the queue and check it against the OOM cliff (its
+    first tokens come with `first_tokens` at its end); None when there is nothing to prefill."""
     if (s.batch_full or not s.waiting) and s.chunked is None:
         return None
     allocatable = s.params.max_running_requests - len(s.running)
@@ -42,16 +66,14 @@ def run_prefill(s: SchedState, out: StepOut) -> float | None:
     formed = form_batch(s, allocatable)
     if formed.head_blocked and not s.running and not continuing:
         abort_head(s, out)
-        return 0.0
+        return PrefillPlan([], 0, 0.0, 0)
     if not formed.adder.can_run:
         return None
     batch = take_batch(s, formed, out)
     check_oom(s, batch)
-    duration = s.cost.prefill_s(
-        sum(r.extend for r in batch), attention_pairs(batch), formed.adder.load_tokens
+    return PrefillPlan(
+        batch, sum(r.extend for r in batch), attention_pairs(batch), formed.adder.load_tokens
     )
-    first_tokens(s, batch, s.clock + duration, out)
-    return duration
 
 
 def sort_waiting(s: SchedState) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from tuner.sim.engine.kvpool import KVPool
 from tuner.sim.engine.schedreq import SchedReq
 from tuner.sim.engine.schedtypes import EngineParams
+from tuner.sim.engine.spec import SpecSampler
 from tuner.sim.engine.telemetry import Counters, DecodeMeter
 from tuner.sim.engine.timing import StepCost
 
@@ -73,6 +74,15 @@ class SchedState:
         self.prefill_logged_at = 0.0  # when the last Prefill batch line was written (0.5.23)
         self.retracted_last = 0  # requests the last decode step retracted
         self.track_times = False  # record token times (run_closed_loop)
+        spec = params.spec
+        #: speculative decoding's accept lengths and counters (None: one token per step)
+        self.spec = (
+            SpecSampler(spec.accept, spec.num_draft_tokens, spec.accept_rate_of_drafts, rng)
+            if spec is not None
+            else None
+        )
+        #: free KV slots a decode step needs per running request
+        self.decode_reserve = spec.decode_reserve if spec is not None else 1
 
     def finish(self, req: SchedReq, reason: dict) -> None:
         """End a request: its KV goes to the cache, its tokens to the counters."""
@@ -86,9 +96,10 @@ class SchedState:
 class StepOut:
     """What one scheduler iteration produced, filled in by its prefill or decode step."""
 
-    __slots__ = ("finished", "logs", "touched")
+    __slots__ = ("finished", "log_groups", "logs", "touched")
 
     def __init__(self, finished: list[SchedReq]):
         self.touched: list[SchedReq] = []  # requests given a token
         self.finished = finished  # requests finished or aborted
         self.logs: list[str] = []
+        self.log_groups: tuple[int, ...] = ()  # DP attention: each log line's group

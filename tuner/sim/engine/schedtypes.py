@@ -14,10 +14,34 @@ class EngineOOM(Exception):
     def __init__(self, message: str = OOM_MESSAGE, log_lines: tuple[str, ...] = ()):
         super().__init__(message)
         self.log_lines = log_lines
+        self.log_groups: tuple[int, ...] = ()  # DP attention: each line's group
 
 
 class QueueFull(Exception):
     """`--max-queued-requests` reached (the HTTP layer answers 503 "The request queue is full.")."""
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """Speculative decoding as the engine plays it (resolved by SIM-SERVER from the flags and
+    the profile's draft): each decode iteration drafts `num_steps` tokens (topk candidates
+    each), verifies `num_draft_tokens` per request in one target pass, and keeps 1 + the
+    accepted run of drafts per request."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    #: P(draft position i accepted | the ones before were), topk already folded in
+    accept: tuple[float, ...]
+    #: free KV slots a decode step needs per running request (page size 1)
+    decode_reserve: int
+    #: the draft's weights read by every draft step, per GPU (GiB)
+    draft_weights_gib: float = 0.0
+    #: the draft's KV bytes per token per GPU, read by every draft step
+    draft_bytes_per_token: int = 0
+    #: 0.5.23's accept rate (correct drafts / (draft tokens - 1)); else 0.5.6.post2's
+    #: (accepted tokens, bonus included, / draft tokens)
+    accept_rate_of_drafts: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,17 @@ class EngineParams:
     seed: int = 0
     cuda_graph_max_bs: int | None = None  # decode batches above it run without CUDA graphs
     log_version: str = "0.5.6.post2"  # whose Prefill/Decode batch line format to write
+    #: DP attention: this many schedulers (groups), each with these params and its own pool,
+    #: stepping in lockstep (dpengine.py); 1: one scheduler
+    dp_groups: int = 1
+    #: GPUs per DP attention group (a group's logs carry the TP rank of its first GPU)
+    attn_tp: int = 1
+    load_balance_method: str = "round_robin"
+    #: DP attention's replicated attention weights, read by every decode step (GiB per GPU)
+    dp_extra_weights_gib: float = 0.0
+    spec: SpecParams | None = None
+    #: SGLang's overlap scheduler runs (0.5.6.post2 turns it off under speculative decoding)
+    overlap: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +97,8 @@ class Step:
     duration_s: float
     events: tuple[TokenEvent, ...]
     log_lines: tuple[str, ...]
+    #: the DP attention group of each log line (empty: one scheduler)
+    log_groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,3 +123,8 @@ class EngineStats:
     new_token_ratio: float
     host_used_tokens: int
     clock_s: float
+    spec_accept_length: float = 0.0  # at the last decode log line (SGLang's gauge)
+    spec_accept_rate: float = 0.0
+    #: mean accept length since start, None before the first decode log (internal_states)
+    avg_spec_accept_length: float | None = None
+    max_running_requests: int = 0

@@ -59,7 +59,8 @@ class Engine:
         )
         # One generator per engine; str seeds hash the same in every process.
         rng = random.Random(f"sim-engine:{params.seed}:{seed}")
-        self._s = SchedState(params, pool, StepCost(self.timing, rng, pool.cache), rng)
+        cost = StepCost(self.timing, rng, pool.cache, params.spec, params.overlap)
+        self._s = SchedState(params, pool, cost, rng)
         self._s.track_times = track_times
 
     # --- requests ----------------------------------------------------------------------------
@@ -155,17 +156,7 @@ class Engine:
     def step(self) -> Step:
         """One scheduler iteration. Raises EngineOOM when the simulated server dies."""
         duration, out = self.advance()
-        events = [
-            TokenEvent(r.rid, r.out, r.prompt_len, r.cached, r.reason is not None, r.reason)
-            for r in out.touched
-        ]
-        seen = {id(r) for r in out.touched}
-        events.extend(
-            TokenEvent(r.rid, r.out, r.prompt_len, r.cached, True, r.reason)
-            for r in out.finished
-            if id(r) not in seen
-        )
-        return Step(duration, tuple(events), tuple(out.logs))
+        return Step(duration, events_of(out), tuple(out.logs))
 
     def advance(self) -> tuple[float, StepOut]:
         """One iteration on the engine's own request objects: (duration, what it produced).
@@ -252,4 +243,23 @@ class Engine:
             new_token_ratio=s.ratio.value,
             host_used_tokens=cache.host_used if cache else 0,
             clock_s=s.clock,
+            spec_accept_length=s.spec.last_len if s.spec is not None else 0.0,
+            spec_accept_rate=s.spec.last_rate if s.spec is not None else 0.0,
+            avg_spec_accept_length=s.spec.average if s.spec is not None else None,
+            max_running_requests=self.params.max_running_requests,
         )
+
+
+def events_of(out: StepOut) -> tuple[TokenEvent, ...]:
+    """What one iteration did to each request it touched or ended (cumulative tokens)."""
+    events = [
+        TokenEvent(r.rid, r.out, r.prompt_len, r.cached, r.reason is not None, r.reason)
+        for r in out.touched
+    ]
+    seen = {id(r) for r in out.touched}
+    events.extend(
+        TokenEvent(r.rid, r.out, r.prompt_len, r.cached, True, r.reason)
+        for r in out.finished
+        if id(r) not in seen
+    )
+    return tuple(events)

@@ -88,11 +88,16 @@ def decode_line(
     gen_throughput: float,
     queued: int,
     version: str = "0.5.6.post2",
+    accept: tuple[float, float] | None = None,
 ) -> str:
-    """SGLang's log line for a decode step (every `--decode-log-interval` steps)."""
+    """SGLang's log line for a decode step (every `--decode-log-interval` steps); `accept`:
+    speculative decoding's (accept len, accept rate) since the last line, written after the
+    token usage (0.5.6.post2 scheduler_metrics_mixin.py:270-294, 0.5.23
+    metrics_reporter.py:963-1005)."""
+    spec = "" if accept is None else f"accept len: {accept[0]:.2f}, accept rate: {accept[1]:.2f}, "
     return (
         f"Decode batch, #running-req: {running}, #token: {used}, "
-        f"token usage: {usage:.2f}, cuda graph: {cuda_graph}, "
+        f"token usage: {usage:.2f}, {spec}cuda graph: {cuda_graph}, "
         f"gen throughput (token/s): {gen_throughput:.2f}, "
         f"#queue-req: {queued}" + ("" if newer(version) else ",")
     )

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tuner.sglang.flags import DEFAULT_VERSION
 from tuner.sim import tokens
-from tuner.sim.engine import Engine, QueueFull
+from tuner.sim.engine import DPEngine, Engine, QueueFull
 from tuner.sim.faults import Faults
 from tuner.sim.faultspec import PREFIX
 from tuner.sim.http.oaishapes import newer
@@ -37,7 +37,7 @@ class SimBackend(Protocol):
     profile: Profile
     script: Script
     plan: MemoryPlan | None
-    engine: Engine | None
+    engine: Engine | DPEngine | None
     state: str  # starting -> loaded -> ready -> draining
     requests: Mapping[str, ReqState]
     hist: Histograms

@@ -165,29 +165,13 @@ async def server_info(request: web.Request) -> web.Response:
     srv = backend(request)
     plan = srv.plan
     assert plan is not None
-    stats = srv.engine.stats() if srv.engine is not None else None
-    gen = float(getattr(stats, "gen_throughput", 0.0) or 0.0)
     info = {
         **srv.server_args(),
         "status": "ready" if srv.state == "ready" else "starting",
         "max_total_num_tokens": plan.max_total_num_tokens,
         "max_req_input_len": plan.max_req_input_len,
         "version": version_of(srv),  # the version played, which the tuner records
-        "internal_states": [
-            {
-                "max_total_num_tokens": plan.max_total_num_tokens,
-                "max_running_requests": plan.max_running_requests,
-                "context_len": srv.script.defaults.context_len,
-                "last_gen_throughput": gen,
-                "memory_usage": {
-                    "weight": round(plan.weights_gib, 2),
-                    "kvcache": round(plan.kv_gib, 2),
-                    "token_capacity": plan.max_total_num_tokens,
-                    "graph": round(plan.graph_gib, 2),
-                },
-                "hicache_host_tokens": srv.script.hicache.host_tokens if srv.script.hicache else 0,
-            }
-        ],
+        "internal_states": [_state(srv, stats) for stats in group_stats(srv)],
         "simulator": {
             "profile": srv.profile.name,
             "seed": srv.ns.sim_seed,
@@ -195,6 +179,41 @@ async def server_info(request: web.Request) -> web.Response:
         },
     }
     return web.json_response(info)
+
+
+def group_stats(srv: SimBackend) -> list[Any]:
+    """Each scheduler's stats: one, or one per DP attention group (None before the engine)."""
+    engine = srv.engine
+    if engine is None:
+        return [None] * (srv.plan.dp_groups if srv.plan is not None else 1)
+    if hasattr(engine, "group_stats"):
+        return engine.group_stats()
+    return [engine.stats()]
+
+
+def _state(srv: SimBackend, stats: Any) -> dict[str, Any]:
+    """One scheduler's `internal_states` entry; under DP attention every group has one, as the
+    tokenizer manager gathers them from each DP rank (0.5.6.post2 managers/scheduler.py:
+    2273-2298; `avg_spec_accept_length` once a decode log line counted accepted tokens)."""
+    plan = srv.plan
+    assert plan is not None
+    state: dict[str, Any] = {
+        "max_total_num_tokens": plan.max_total_num_tokens,
+        "max_running_requests": plan.max_running_requests,
+        "context_len": srv.script.defaults.context_len,
+        "last_gen_throughput": float(getattr(stats, "gen_throughput", 0.0) or 0.0),
+        "memory_usage": {
+            "weight": round(plan.weights_gib, 2),
+            "kvcache": round(plan.kv_gib, 2),
+            "token_capacity": plan.max_total_num_tokens,
+            "graph": round(plan.graph_gib, 2),
+        },
+        "hicache_host_tokens": srv.script.hicache.host_tokens if srv.script.hicache else 0,
+    }
+    avg = getattr(stats, "avg_spec_accept_length", None)
+    if avg is not None:
+        state["avg_spec_accept_length"] = avg
+    return state
 
 
 async def model_info(request: web.Request) -> web.Response:
@@ -256,7 +275,11 @@ async def metrics(request: web.Request) -> web.Response:
     stats = srv.engine.stats() if srv.engine is not None else None
     cache_type = "HiRadixCache" if srv.ns.enable_hierarchical_cache else "RadixCache"
     version = version_of(srv)
-    body = promtext.render(stats, srv.hist, srv.served_model_name, version, cache_type)
+    groups = srv.engine.group_stats() if hasattr(srv.engine, "group_stats") else ()
+    attn_tp = max(1, srv.ns.tp_size // max(srv.plan.dp_groups if srv.plan else 1, 1))
+    body = promtext.render(
+        stats, srv.hist, srv.served_model_name, version, cache_type, groups, attn_tp
+    )
     return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
 

@@ -16,7 +16,7 @@ per-stream request tallies are observed by the server as tokens are delivered.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.sim.http.oaishapes import newer
@@ -57,6 +57,23 @@ GAUGES = {
     "cache_hit_rate": "The prefix cache hit rate.",
     "max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
     "num_retracted_reqs": "The number of retracted requests.",
+    # registered whatever the algorithm, 0 without speculative decoding (0.5.6.post2
+    # metrics/collector.py:306-318; 0.5.23 observability/metrics_collector.py:511-522)
+    "spec_accept_length": "The average acceptance length of speculative decoding.",
+    "spec_accept_rate": (
+        "The average acceptance rate of speculative decoding "
+        "(`accepted tokens / total draft tokens` in batch)."
+    ),
+}
+#: 0.5.23's words for the speculative gauges
+GAUGES_NEW_HELP = {
+    "spec_accept_length": (
+        "Mean acceptance length of speculative decoding (accepted drafts + bonus token per "
+        "forward)."
+    ),
+    "spec_accept_rate": (
+        "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch)."
+    ),
 }
 COUNTERS = {
     "prompt_tokens_total": "Number of prefill tokens processed.",
@@ -120,8 +137,13 @@ def render(
     model_name: str,
     version: str = "0.5.6.post2",
     cache_type: str = "RadixCache",
+    groups: Sequence[Any] = (),
+    attn_tp: int = 1,
 ) -> str:
-    """The `/metrics` body of the version played (module docstring)."""
+    """The `/metrics` body of the version played (module docstring). `groups`: each DP
+    attention group's stats, whose scheduler gauges are series of their own, labelled with the
+    group's first TP rank and its `dp_rank` (0.5.6.post2 scheduler_metrics_mixin.py:63-71,
+    0.5.23 observability/metrics_collector.py:1384-1392)."""
     new = newer(version)
     sched = dict(model_name=model_name, engine_type="unified", tp_rank=0, pp_rank=0)
     tok = dict(model_name=model_name)
@@ -130,10 +152,18 @@ def render(
         sched["moe_ep_rank"] = 0
         tok["engine_type"] = "unified"
         cache.update(tp_rank=0, pp_rank=0, dp_rank=0)
+    series = [(sched, stats)]
+    if groups:
+        series = [
+            ({**sched, "tp_rank": g * attn_tp, "dp_rank": g}, group)
+            for g, group in enumerate(groups)
+        ]
     out: list[str] = []
     for name, help_text in GAUGES.items():
-        _family(out, name, "gauge", help_text)
-        out.append(f"sglang:{name}{{{_labels(**sched)}}} {float(getattr(stats, name, 0) or 0)}")
+        _family(out, name, "gauge", GAUGES_NEW_HELP.get(name, help_text) if new else help_text)
+        for labels, values in series:
+            value = float(getattr(values, name, 0) or 0)
+            out.append(f"sglang:{name}{{{_labels(**labels)}}} {value}")
     for i, (name, help_text) in enumerate(COUNTERS.items()):  # i: the tally's column
         _family(out, name, "counter", help_text)
         if not new:

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from tuner.sim import faults as fault_actions
 from tuner.sim import tokens
-from tuner.sim.engine import Engine, EngineOOM, TokenEvent
+from tuner.sim.engine import DPEngine, Engine, EngineOOM, TokenEvent
 from tuner.sim.faults import Faults
 from tuner.sim.faultspec import FaultSpec
 from tuner.sim.flags import server_args_dict
@@ -56,18 +56,32 @@ IDLE_STALL_S = 0.01
 
 
 class Log:
-    """SGLang's log format on one stream: `[%Y-%m-%d %H:%M:%S TP0] text`, flushed per line."""
+    """SGLang's log format on one stream: `[%Y-%m-%d %H:%M:%S TP0] text`, flushed per line.
 
-    def __init__(self, stream: TextIO, tp: int):
+    Under DP attention each group's scheduler writes its own lines as `DP<g> TP<t>`, t the
+    group's first GPU (0.5.6.post2 managers/scheduler.py:2635-2645, 0.5.23 :6279-6290);
+    start-up lines are group 0's.
+    """
+
+    def __init__(self, stream: TextIO, tp: int, dp_groups: int = 1):
         self.stream = stream
-        self.tag = " TP0" if tp > 1 else ""
+        self.tp = tp
+        self.dp_groups = dp_groups
+        self.tag = self._tag(0)
 
-    def __call__(self, text: str, scheduler: bool = False, raw: bool = False) -> None:
+    def _tag(self, group: int) -> str:
+        tp = f" TP{group * (self.tp // self.dp_groups)}" if self.tp > 1 else ""
+        return f" DP{group}{tp}" if self.dp_groups > 1 else tp
+
+    def __call__(
+        self, text: str, scheduler: bool = False, raw: bool = False, group: int | None = None
+    ) -> None:
         if raw:
             line = text
         else:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            line = f"[{stamp}{self.tag if scheduler else ''}] {text}"
+            tag = (self.tag if group is None else self._tag(group)) if scheduler else ""
+            line = f"[{stamp}{tag}] {text}"
         with contextlib.suppress(ValueError, OSError):
             self.stream.write(line + "\n")
             self.stream.flush()
@@ -81,7 +95,7 @@ class SimServer:
         ns: argparse.Namespace,
         profile: Profile,
         script: Script,
-        engine_factory: Callable[[], Engine],
+        engine_factory: Callable[[], Engine | DPEngine],
         faults: Faults | None = None,
         stream: TextIO = sys.stderr,
     ):
@@ -90,8 +104,8 @@ class SimServer:
         self.script = script
         self.plan = script.plan
         self.engine_factory = engine_factory
-        self.engine: Engine | None = None
-        self.log = Log(stream, ns.tp_size)
+        self.engine: Engine | DPEngine | None = None
+        self.log = Log(stream, ns.tp_size, script.levers.dp_groups)
         self.rng = random.Random(ns.sim_seed)
         self.state = "starting"  # starting -> loaded -> ready -> draining (or crashed)
         self.requests: dict[str, ReqState] = {}
@@ -172,6 +186,11 @@ class SimServer:
         """Print the start-up lines on schedule; an exit code if start-up fails or is stopped."""
         total = self.ns.sim_startup_seconds + self.faults.extra_startup_s
         self._start_fault = self.faults.start_fault()
+        for warning in self.script.warnings:  # ServerArgs' post-init, before logging is set up
+            self.log(warning.text, raw=True)
+        lev = self.script.levers
+        if lev.refusal is not None or lev.unsimulated is not None:
+            return self._print_failure()  # refused before ServerArgs exists: no server_args line
         args = ", ".join(f"{k}={v!r}" for k, v in self.server_args().items())
         self.log(f"server_args=ServerArgs({args})")
         summary = self.faults.summary()
@@ -301,8 +320,9 @@ class SimServer:
 
     def _print_crash(self, exc: BaseException) -> int:
         self.state = "crashed"  # handlers cancelled from here on are the server's, not clients'
-        for line in getattr(exc, "log_lines", ()):
-            self.log(line, scheduler=True)
+        groups = getattr(exc, "log_groups", ())
+        for i, line in enumerate(getattr(exc, "log_lines", ())):
+            self.log(line, scheduler=True, group=groups[i] if groups else None)
         self.log("Scheduler hit an exception: Traceback (most recent call last):", scheduler=True)
         self.log(
             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1118, in event_loop_overlap',
@@ -323,7 +343,7 @@ class SimServer:
 
     # --- the engine loop ---------------------------------------------------------------------
 
-    async def _engine_loop(self, engine: Engine) -> None:
+    async def _engine_loop(self, engine: Engine | DPEngine) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
@@ -350,8 +370,9 @@ class SimServer:
                 await asyncio.sleep(0)  # let handlers run even when behind schedule
                 if delay < -MAX_LAG_S:
                     due = loop.time()
-            for line in step.log_lines:
-                self.log(line, scheduler=True)
+            groups = step.log_groups
+            for i, line in enumerate(step.log_lines):
+                self.log(line, scheduler=True, group=groups[i] if groups else None)
             now = loop.time()
             for ev in step.events:
                 self._deliver(ev, now)

@@ -36,7 +36,7 @@ from tuner.server.target import SIM_MODULE, sim_args  # noqa: F401  (re-exported
 from tuner.sglang.failures import FailureClass, explain_failure
 from tuner.sim import tokens
 from tuner.sim.bootstrap import engine_params
-from tuner.sim.engine import Engine, EngineOOM, StepTimeModel
+from tuner.sim.engine import DPEngine, Engine, EngineOOM, StepTimeModel, new_engine
 from tuner.sim.flags import FlagError, parse_flags
 from tuner.sim.http.server import SimServer
 from tuner.sim.profile import Profile, load_profile
@@ -199,6 +199,12 @@ class VirtualServer:
             return self._failed([f"tuner sim: error: {exc}"], 2, log_path, 0.0)
         script = build_script(ns, profile)
         srv = SimServer(ns, profile, script, lambda: self._engine(srv, script), stream=self._log)
+        for warning in script.warnings:  # ServerArgs' post-init (as the HTTP server prints them)
+            srv.log(warning.text, raw=True)
+        lev = script.levers
+        if lev.refusal is not None or lev.unsimulated is not None:
+            assert script.failure is not None
+            return self._failed(None, srv._print_failure(), log_path, 0.0)
         server_args = ", ".join(f"{k}={v!r}" for k, v in srv.server_args().items())
         srv.log(f"server_args=ServerArgs({server_args})")
         for phase in script.phases:
@@ -210,15 +216,15 @@ class VirtualServer:
             return self._failed(None, code, log_path, script.failure.at * total)
         return srv, script, total
 
-    def _engine(self, srv: SimServer, script: Script) -> Engine:
+    def _engine(self, srv: SimServer, script: Script) -> Engine | DPEngine:
         """The engine the HTTP server builds (bootstrap.build_engine), with token times kept."""
         assert script.plan is not None
         timing = StepTimeModel.from_mapping(srv.profile.timing)
         if not self.noise:
             timing = replace(timing, noise_run_pct=0.0, noise_step_pct=0.0)
-        params = engine_params(srv.ns, script)
+        params = engine_params(srv.ns, script, srv.profile)
         bpt = script.plan.bytes_per_token
-        return Engine(params, timing, bpt, seed=srv.ns.sim_seed, track_times=True)
+        return new_engine(params, timing, bpt, seed=srv.ns.sim_seed, track_times=True)
 
     def _failed(
         self, lines: list[str] | None, code: int, log_path: str, startup_s: float

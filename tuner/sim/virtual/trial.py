@@ -64,7 +64,7 @@ def virtual_trial(
             script.failure.lines[-1].text if script.failure and script.failure.lines else "start-up"
         )
         return VirtualScore(False, 0.0, 0.0, f"start failed: {why}")
-    params = engine_params(ns, script)
+    params = engine_params(ns, script, prof)
     timing = StepTimeModel.from_mapping(prof.timing)
     try:
         timings = run_closed_loop(
