@@ -311,9 +311,14 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _parse(version: str, path: str | None, rest: list[str]) -> argparse.Namespace:
+    """Parse with that version's parser; the namespace keeps the argv it parsed (`launch_argv`),
+    the file's flags in place of `--config FILE` as SGLang's merger puts them."""
     parser = build_parser(version)
     # Config first so that flags given on the command line override the file.
-    return parser.parse_args(rest if path is None else config_to_argv(path, parser, version) + rest)
+    argv = rest if path is None else config_to_argv(path, parser, version) + rest
+    ns = parser.parse_args(argv)
+    ns.launch_argv = list(argv)
+    return ns
 
 
 def _from_cli_args(ns: argparse.Namespace, version: str) -> None:

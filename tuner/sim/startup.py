@@ -31,6 +31,7 @@ __all__ = [
     "Script",
     "SpecShape",
     "build_script",
+    "engine_startup_time",
     "plan_memory",
     "played_version",
 ]
@@ -113,6 +114,25 @@ def hicache_plan(
 
 # --- the start-up script: log lines at fractions of the simulated start-up time ----------------
 
+#: shares of the profile's start-up time (`startup_s`, virtual seconds) its phases take: the
+#: `elapsed=` of the log lines and 0.5.23's `startup_time` in /server_info are these numbers
+LOAD_WEIGHT_SHARE = 0.55  # the weights take most of a start-up
+KV_ALLOCATION_SHARE = 0.05  # the pool: between `Load weight end` (0.6) and `Memory pool end` (0.65)
+GRAPH_SHARE = 0.2  # the target's CUDA graphs
+#: ASSUMPTION: the scheduler's own set-up around those (process, model config, attention
+#: backends), and the launch's before the schedulers start (processes, tokenizer), are small
+SCHEDULER_OVERHEAD_SHARE = 0.1
+ENGINE_OVERHEAD_SHARE = 0.05
+#: 0.5.23's phases of CUDA-graph capture, in its order (model_executor/graph_memory_usage.py:5-12)
+GRAPH_PHASES = (
+    "prefill",
+    "decode",
+    "target_verify",
+    "draft_prefill",
+    "draft_decode",
+    "draft_extend",
+)
+
 
 @dataclass(frozen=True)
 class LogLine:
@@ -154,6 +174,43 @@ class Script:
     levers: Levers = field(default_factory=Levers)
     #: ServerArgs' post-init warnings, printed before anything else
     warnings: tuple[LogLine, ...] = ()
+
+
+def engine_startup_time(ns: argparse.Namespace, profile: Profile, script: Script) -> dict:
+    """0.5.23's `startup_time` of a started server, in virtual seconds of the profile's start-up.
+
+    Shape: build_engine_startup_time (observability/startup_time.py:62-68) over each scheduler's
+    build_scheduler_startup_time (:11-27, managers/scheduler.py:745-758): weights (target plus
+    draft), KV pool, the scheduler's whole init, the capture time of each graph phase (a target
+    under speculation captures `target_verify`, not `decode`: cuda_graph_setup.py:703-710), then
+    `tokenizer_e2e`, launch until the schedulers are ready (entrypoints/engine.py:1100-1112).
+    DP attention's groups start alike, so the maximum over them is any one's.
+    """
+    total = float(profile.startup_s)
+    plan = script.plan
+    spec = script.levers.spec
+    load = total * LOAD_WEIGHT_SHARE
+    graphs = dict.fromkeys(GRAPH_PHASES, 0.0)  # the simulator captures no prefill graphs
+    if plan is not None and spec is not None and plan.weights_gib > 0:
+        # ASSUMPTION: the draft's weights load at the target's speed
+        load += total * LOAD_WEIGHT_SHARE * plan.draft_weights_gib / plan.weights_gib
+    if not ns.disable_cuda_graph:
+        target = total * GRAPH_SHARE
+        graphs["target_verify" if spec is not None else "decode"] = target
+        if spec is not None and profile.speculative is not None:
+            # ASSUMPTION: a capture's time grows with the layers its forward runs
+            cfg = profile.model_config.get("text_config", profile.model_config)
+            share = profile.speculative.layers / max(int(cfg.get("num_hidden_layers", 1)), 1)
+            graphs["draft_decode"] = graphs["draft_extend"] = target * share
+    kv = total * KV_ALLOCATION_SHARE
+    scheduler = load + kv + sum(graphs.values()) + total * SCHEDULER_OVERHEAD_SHARE
+    return {
+        "load_weight": load,
+        "kv_cache_allocation": kv,
+        "scheduler_e2e": scheduler,
+        "cuda_graph": graphs,
+        "tokenizer_e2e": scheduler + total * ENGINE_OVERHEAD_SHARE,
+    }
 
 
 def _scheduler_crash(at: float, exc_lines: tuple[str, ...]) -> Failure:
@@ -259,7 +316,7 @@ def _load_model(
     if plan.verdict == "weights_oom":
         oom = _cuda_oom(plan.weights_gib / 10, total, plan.free0_gib * 0.05)
         return _scheduler_crash(0.3, (oom,))
-    elapsed = profile.startup_s * 0.55  # the weights take most of a start-up
+    elapsed = profile.startup_s * LOAD_WEIGHT_SHARE
     weights_line = loglines.load_weight_end(
         version,
         elapsed,
@@ -304,7 +361,7 @@ def _capture_graphs(
     if plan.verdict == "graph_oom" and plan.avail_after_target_graphs_gib < 0:
         return _scheduler_crash(0.85, _graph_failure(version, plan.graph_gib, after_pool, total))
     if not ns.disable_cuda_graph:
-        elapsed = profile.startup_s * 0.2
+        elapsed = profile.startup_s * GRAPH_SHARE
         line = loglines.graph_end(
             version,
             plan.graph_bs or max_bs,

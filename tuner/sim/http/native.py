@@ -7,6 +7,7 @@ openai_api.py, what both share in httpcommon.py.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from typing import Any
@@ -36,6 +37,7 @@ from tuner.sim.http.oaishapes import WEIGHT_VERSION, newer
 from tuner.sim.http.openai_api import chat_completions, completions
 from tuner.sim.http.reqstate import ReqState
 from tuner.sim.http.routes import add_extra_routes
+from tuner.sim.startup import engine_startup_time
 
 FLUSH_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
@@ -161,24 +163,87 @@ async def health_generate(request: web.Request) -> web.Response:
 
 
 async def server_info(request: web.Request) -> web.Response:
-    """GET /get_server_info and /server_info: resolved args, capacity, version, internal state."""
+    """GET /get_server_info and /server_info: resolved args, capacity, version, internal state.
+
+    0.5.6.post2 (http_server.py:544-561): the ServerArgs fields, the scheduler's info, then
+    `internal_states` and `version`. 0.5.23 (http_server.py:863-893, build_server_info in
+    utils/common.py:3584-3593) adds `launch_command` after the fields, the engine's
+    `startup_time` after the scheduler's info and `frontend` last, and redacts the watermark's
+    secrets in the whole answer. The simulator adds its own `simulator` key.
+    """
     srv = backend(request)
     plan = srv.plan
     assert plan is not None
-    info = {
-        **srv.server_args(),
-        "status": "ready" if srv.state == "ready" else "starting",
-        "max_total_num_tokens": plan.max_total_num_tokens,
-        "max_req_input_len": plan.max_req_input_len,
-        "version": version_of(srv),  # the version played, which the tuner records
-        "internal_states": [_state(srv, stats) for stats in group_stats(srv)],
-        "simulator": {
-            "profile": srv.profile.name,
-            "seed": srv.ns.sim_seed,
-            "gpu": srv.profile.gpu_name,
-        },
+    version = version_of(srv)
+    new = newer(version)
+    info = srv.server_args()
+    if new:
+        info["launch_command"] = launch_command(srv.ns)
+    info.update(
+        status="ready" if srv.state == "ready" else "starting",
+        max_total_num_tokens=plan.max_total_num_tokens,
+        max_req_input_len=plan.max_req_input_len,
+    )
+    if new:  # the tokenizer manager's, set once the schedulers are ready
+        info["startup_time"] = engine_startup_time(srv.ns, srv.profile, srv.script)
+    info["internal_states"] = [_state(srv, stats) for stats in group_stats(srv)]
+    info["version"] = version  # the version played, which the tuner records
+    if new:
+        info["frontend"] = "python"
+        info = redact_watermark_secrets(info)
+    info["simulator"] = {
+        "profile": srv.profile.name,
+        "seed": srv.ns.sim_seed,
+        "gpu": srv.profile.gpu_name,
     }
     return web.json_response(info)
+
+
+REDACTED = "<redacted>"
+#: the flags whose values `launch_command` hides: 0.5.23's own `--watermark-config`
+#: (sampling/watermarking/core.py:110-134) and, where SGLang shows them as given, the keys
+#: and password a reader of /server_info must not learn from it
+SECRET_FLAGS = ("--watermark-config", "--api-key", "--admin-api-key", "--ssl-keyfile-password")
+#: the keys 0.5.23's redact_watermark_secrets replaces wherever they appear (core.py:25-27)
+WATERMARK_SECRET_KEYS = frozenset({"watermark_key", "watermark_key_b", "watermark_config"})
+
+
+def launch_command(ns: argparse.Namespace) -> str:
+    """0.5.23's `launch_command`: the argv the launcher parsed (a `--config` file's flags merged
+    in, server_args.py:668-719) joined by spaces, with redact_watermark_command_line's rule
+    (core.py:110-134) applied to every secret flag: the value after the flag, `--flag=value`,
+    and any argument equal to a secret's parsed value (an abbreviated flag's)."""
+    values = {getattr(ns, f[2:].replace("-", "_"), None) for f in SECRET_FLAGS} - {None}
+    out: list[str] = []
+    redact_next = False
+    for arg in getattr(ns, "launch_argv", ()):
+        name, eq, value = arg.partition("=")
+        if redact_next:
+            out.append(REDACTED)
+            redact_next = False
+        elif arg in values:
+            out.append(REDACTED)
+        elif eq and (value in values or name in SECRET_FLAGS):
+            out.append(f"{name}={REDACTED}")
+        else:
+            out.append(arg)
+            redact_next = arg in SECRET_FLAGS
+    return " ".join(out)
+
+
+def redact_watermark_secrets(value: Any, in_watermark_config: bool = False) -> Any:
+    """0.5.23's redact_watermark_secrets on plain data (core.py:79-104): a secret key's value
+    becomes "<redacted>" whatever it is (None too), as do `key`/`key_b` under `watermark`."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED
+            if k in WATERMARK_SECRET_KEYS or (in_watermark_config and k in ("key", "key_b"))
+            else redact_watermark_secrets(v, in_watermark_config or k == "watermark")
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_watermark_secrets(v, in_watermark_config) for v in value]
+    return value
 
 
 def group_stats(srv: SimBackend) -> list[Any]:
