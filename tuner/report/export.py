@@ -31,6 +31,7 @@ from tuner.server.launch import (
     is_secret_name,
     render_sglang_yaml,
 )
+from tuner.sglang.flags import spelled_for
 from tuner.verdict.trials import completed, feasible_trials, server_info_of
 from tuner.verdict.winner import best_trial, held_note, versus_runner_up
 
@@ -87,7 +88,9 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
     if (versus := versus_runner_up(study)) is not None:
         data["versus_runner_up"] = versus
     # flags the winner's SGLang version would refuse (a version without a table: none judged)
-    if warnings := version_problems(data["flags"], data["server"].get("version")):
+    # judged as the export writes them (`spelled_for`: a renamed flag in the version's spelling)
+    version = _version(data)
+    if warnings := version_problems(spelled_for(data["flags"], version), version):
         data["warnings"] = warnings
     if cfg.objective.pareto_latency:
         data["pareto_front"] = [
@@ -105,8 +108,9 @@ def render_yaml(data: dict[str, Any]) -> str:
     """SGLang's --config YAML with a comment header of where it came from and what it measured."""
     m, conf = data["metrics"], data["confirmation"]
     version = _version(data)
-    # switches SGLang's --config refuses (--x/--no-x) are the command line's
-    cli = flag_args(config_cli_flags(data["flags"], version), version)
+    flags = spelled_for(data["flags"], version)
+    # switches SGLang's --config refuses (--x/--no-x, deprecated ones) are the command line's
+    cli = flag_args(config_cli_flags(flags, version), version)
     header = [
         f"SGLang launch config exported by tuner from study '{data['study']}', trial {data['trial']}",
         "  use: python -m sglang.launch_server --config best.yaml" + "".join(f" {a}" for a in cli),
@@ -148,9 +152,18 @@ def render_yaml(data: dict[str, Any]) -> str:
         + (f"GPU {server['gpu']}" if "gpu" in server else "GPU not reported (no nvidia-smi)")
     )
     header.append(f"exported {data['exported_at']}; --api-key, if any, goes on the command line")
+    if respelled := _respelled(data["flags"], flags):
+        header.append(f"written as SGLang {version} spells it: {respelled}")
     header += [f"WARNING: {w}" for w in data.get("warnings", ())]
     header.append("")
-    return render_sglang_yaml(data["flags"], header, version)
+    return render_sglang_yaml(flags, header, version)
+
+
+def _respelled(measured: dict[str, Any], written: dict[str, Any]) -> str:
+    """What `spelled_for` changed, in words ('' when nothing)."""
+    gone = [f"--{k}" for k in measured if k not in written]
+    new = [f"--{k}" for k in written if k not in measured]
+    return f"{' '.join(gone)} as {' '.join(new) or 'its default'}" if gone else ""
 
 
 def _versus(v: dict[str, Any]) -> str:
@@ -215,7 +228,8 @@ def _version(data: dict[str, Any]) -> str | None:
 
 def render_cmd(data: dict[str, Any]) -> str:
     version = _version(data)
-    return " ".join(shlex.quote(a) for a in [*LAUNCH, *flag_args(data["flags"], version)])
+    flags = spelled_for(data["flags"], version)
+    return " ".join(shlex.quote(a) for a in [*LAUNCH, *flag_args(flags, version)])
 
 
 def render(data: dict[str, Any], fmt: str) -> str:

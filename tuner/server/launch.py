@@ -24,6 +24,7 @@ from tuner.sglang.flags import (
     Flag,
     LaunchFlags,
     boolean_optional,
+    config_refuses,
     effective_flags,
     find_flag,
 )
@@ -166,14 +167,15 @@ def flag_args(flags: Mapping[str, object], version: str | None = None) -> list[s
 
 def config_cli_flags(flags: Mapping[str, object], version: str | None = None) -> dict[str, Any]:
     """The flags SGLang's `--config` file cannot carry, which go on the command line instead:
-    `--x/--no-x` switches (0.5.23's ConfigArgumentMerger refuses BooleanOptionalAction keys;
-    0.5.6.post2 has none). Without a known `version`, a flag that is such a switch in any
-    version tuner knows is put there when true (`--x` is then valid in every version)."""
+    `--x/--no-x` and deprecated switches (`config_refuses`: 0.5.23's ConfigArgumentMerger
+    refuses them; 0.5.6.post2 has none). Without a known `version`, a flag that is such a
+    switch in any version tuner knows is put there when true (`--x` is then valid in every
+    version)."""
     out: dict[str, Any] = {}
     for key, value in flags.items():
         if not isinstance(value, bool):
             continue
-        if boolean_optional(key, version) or (
+        if config_refuses(key, version) or (
             value and version not in KNOWN_VERSIONS and _switch_somewhere(key)
         ):
             out[key] = value
@@ -181,7 +183,7 @@ def config_cli_flags(flags: Mapping[str, object], version: str | None = None) ->
 
 
 def _switch_somewhere(name: str) -> bool:
-    return any(boolean_optional(name, v) for v in KNOWN_VERSIONS)
+    return any(config_refuses(name, v) for v in KNOWN_VERSIONS)
 
 
 def _text(value: object) -> str:

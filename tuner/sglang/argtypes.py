@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 BOOLEAN_OPTIONAL = "BooleanOptionalAction"
+DEPRECATED_SWITCH = "DeprecatedStoreTrueAction"
 _SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
@@ -174,6 +175,6 @@ class DeprecatedStoreConstAction(argparse.Action):
 ACTIONS: dict[str, type[argparse.Action]] = {
     BOOLEAN_OPTIONAL: argparse.BooleanOptionalAction,
     "LoRAPathAction": LoRAPathAction,
-    "DeprecatedStoreTrueAction": DeprecatedStoreTrueAction,
+    DEPRECATED_SWITCH: DeprecatedStoreTrueAction,
     "DeprecatedStoreConstAction": DeprecatedStoreConstAction,
 }

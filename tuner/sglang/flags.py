@@ -23,7 +23,7 @@ from itertools import pairwise
 from typing import Any
 
 from tuner.errors import ConfigError
-from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
+from tuner.sglang.argtypes import BOOLEAN_OPTIONAL, DEPRECATED_SWITCH
 from tuner.sglang.tables import BASE_VERSION, REPLACED, VERSIONS, Flag, VersionTable, load
 
 __all__ = [
@@ -235,12 +235,59 @@ def _without(flags: dict[str, Any], prefix: str, *names: str) -> dict[str, Any]:
     return {k: v for k, v in flags.items() if k not in names and not k.startswith(prefix)}
 
 
+#: 0.5.23's spelling of DP attention (`--attn-dp-size D`), and the one it deprecated
+ATTN_DP_SIZE = "attn-dp-size"
+OLD_DP_ATTENTION = ("enable_dp_attention", "dp_size")
+
+
+def spelled_for(flags: Mapping[str, Any], version: str | None) -> dict[str, Any]:
+    """The flags as `version` wants them written, so its `--config` and parser take them:
+
+    - a flag the version dropped for others (`REPLACED`) under the one that took its role
+      (0.5.23 refuses `--cuda-graph-max-bs` as ambiguous; `--cuda-graph-max-bs-decode`);
+    - 0.5.23 reads `--enable-dp-attention --dp-size D` as `--attn-dp-size D` with dp_size 1
+      (`arg_groups/parallel_hook.py:40-63`), warns that the switch is deprecated
+      (`arg_groups/argparse_actions.py:95-100`) and its `--config` refuses the switch
+      (`utils/server_args_config_parser.py:50-60`): it is said as `attn-dp-size`.
+
+    An unknown version, and flags it takes as they are, are returned as given."""
+    if version not in KNOWN_VERSIONS:
+        return dict(flags)
+    dropped = REPLACED.get(version, {})
+    out = {dropped[k][0] if k in dropped else k: v for k, v in flags.items()}
+    if canonical_flag(ATTN_DP_SIZE, version) is None:
+        return out
+    by_dest = {_dest(name, version): name for name in out}
+    switch, size = (by_dest.get(dest) for dest in OLD_DP_ATTENTION)
+    if switch is None or out[switch] is not True:
+        return out
+    groups = out[size] if size is not None else 1
+    out = {k: v for k, v in out.items() if k not in (switch, size)}
+    if groups != 1 and _dest(ATTN_DP_SIZE, version) not in {_dest(k, version) for k in out}:
+        out[ATTN_DP_SIZE] = groups
+    return out
+
+
+def _dest(name: str, version: str) -> str | None:
+    flag = find_flag(name, version)
+    return flag.dest if flag is not None else None
+
+
 def boolean_optional(name: str, version: str | None = None) -> bool:
     """Is the flag a `--x/--no-x` switch (argparse BooleanOptionalAction) in that SGLang
     version (None: as `find_flag` resolves it without one)? Its default may be None (SGLang
     decides) or True, so `false` must be said as `--no-x`, never by leaving the flag out."""
     flag = find_flag(name, version)
     return flag is not None and flag.action == BOOLEAN_OPTIONAL
+
+
+def config_refuses(name: str, version: str | None = None) -> bool:
+    """Does that version's `--config` refuse the key as a switch it cannot merge? 0.5.23's
+    ConfigArgumentMerger takes only store_true and one-value actions
+    (`utils/server_args_config_parser.py:50-60`): `--x/--no-x` switches and deprecated
+    switches (`DeprecatedStoreTrueAction`) go on the command line."""
+    flag = find_flag(name, version)
+    return flag is not None and flag.action in (BOOLEAN_OPTIONAL, DEPRECATED_SWITCH)
 
 
 def defaults(version: str = DEFAULT_VERSION) -> dict[str, Any]:

@@ -29,8 +29,11 @@ BASE_VERSION = VERSIONS[0]
 
 #: version -> flag it dropped -> the flags that replaced it (sglang-reference.md section 9; the
 #: 0.5.23 fields `cuda_graph_max_bs_decode`/`_prefill`, `cuda_graph_bs_decode`/`_prefill`).
-#: A dropped flag not listed here is reported as gone; a renamed one (same ServerArgs field
-#: under a new option string) is found in the tables themselves.
+#: The first replacement takes the old flag's role (0.5.6.post2 captured decode graphs only:
+#: `cuda_graph_runner.py`; 0.5.23 folds `cuda_graph_max_bs_decode` into the decode phase's
+#: graphs, `arg_groups/cuda_graph_hook.py:72-73`). A dropped flag not listed here is reported
+#: as gone; a renamed one (same ServerArgs field under a new option string) is found in the
+#: tables themselves.
 REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
     "0.5.23": {
         "cuda-graph-max-bs": ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),

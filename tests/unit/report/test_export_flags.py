@@ -1,4 +1,5 @@
-"""The export warns about flags the winner's SGLang version would refuse, naming the successor."""
+"""The export writes the flags as the winner's SGLang version spells them, and warns about
+the ones it would refuse, naming the successor."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from tuner.check.flagset import version_problems
 from tuner.report.export import render_yaml
+from tuner.sglang.flags import spelled_for
 
 
 def _data(flags: dict[str, Any], version: str) -> dict[str, Any]:
@@ -22,21 +24,41 @@ def _data(flags: dict[str, Any], version: str) -> dict[str, Any]:
         "server": {"version": version},
         "exported_at": "2026-12-02T05:00:00Z",
     }
-    if warnings := version_problems(data["flags"], version):
+    if warnings := version_problems(spelled_for(data["flags"], version), version):
         data["warnings"] = warnings
     return data
 
 
-def test_a_flag_the_version_split_is_a_warning_in_the_yaml_header() -> None:
+def test_a_flag_the_version_split_is_written_under_its_successor() -> None:
+    # 0.5.23 refuses --cuda-graph-max-bs as ambiguous (argparse prefix of -decode and -prefill);
+    # the decode graphs are what 0.5.6.post2's flag sized (tables.REPLACED)
     flags = {"model-path": "m", "cuda-graph-max-bs": 160, "mem-fraction-static": 0.85}
     text = render_yaml(_data(flags, "0.5.23"))
-    header = [line for line in text.splitlines() if line.startswith("# WARNING")]
-    assert header == [
-        "# WARNING: --cuda-graph-max-bs: ambiguous on SGLang 0.5.23 (could match "
-        "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill) (SGLang 0.5.23 split it into "
-        "--cuda-graph-max-bs-decode and --cuda-graph-max-bs-prefill)"
-    ]
-    assert "cuda-graph-max-bs: 160" in text  # the winner as measured; the user decides
+    assert "WARNING" not in text
+    assert "cuda-graph-max-bs-decode: 160" in text and "cuda-graph-max-bs: " not in text
+    assert "# written as SGLang 0.5.23 spells it: --cuda-graph-max-bs as " in text
+
+
+def test_dp_attention_is_written_as_0_5_23_spells_it() -> None:
+    # 0.5.23's --config refuses the deprecated switch (server_args_config_parser.py:50-60);
+    # parallel_hook.py:40-63 reads it as --attn-dp-size D with dp_size 1
+    flags = {"model-path": "m", "enable-dp-attention": True, "data-parallel-size": 8}
+    text = render_yaml(_data(flags, "0.5.23"))
+    body = [line for line in text.splitlines() if not line.startswith("#")]
+    assert body == ["model-path: m", "attn-dp-size: 8"]
+    assert "launch_server --config best.yaml\n" in text  # nothing left for the command line
+    old = render_yaml(_data(flags, "0.5.6.post2"))
+    assert "enable-dp-attention: true" in old and "data-parallel-size: 8" in old
+    assert spelled_for({**flags, "enable-dp-attention": False}, "0.5.23") == {
+        **flags,
+        "enable-dp-attention": False,
+    }
+
+
+def test_a_flag_a_version_does_not_know_is_still_a_warning() -> None:
+    flags = {"model-path": "m", "enable-hicache": True}  # 0.5.23's alias, unknown in 0.5.6.post2
+    text = render_yaml(_data(flags, "0.5.6.post2"))
+    assert any(line.startswith("# WARNING: --enable-hicache") for line in text.splitlines())
 
 
 def test_no_warning_when_every_flag_exists_or_the_version_is_unknown() -> None:
