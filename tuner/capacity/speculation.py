@@ -34,6 +34,7 @@ from typing import Any
 
 from tuner.capacity.calculus import text_config
 from tuner.errors import ModelConfigError
+from tuner.sglang import specargs
 
 #: `--speculative-algorithm` values that load a draft model (NGRAM drafts from a cache)
 DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
@@ -41,19 +42,6 @@ DRAFT_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 SPEC_MAX_RUNNING_REQUESTS = 48
 #: 0.5.6.post2's buffer on top of the draft's slots (`model_runner.py:1708-1709`)
 V056_POOL_BUFFER = 100
-#: architectures SGLang gives (3, 1, 4) in both versions, and whose draft is the model's own
-#: MTP head when no draft path is given (0.5.6.post2 `server_args.py:1768-1779, 4663-4675`)
-DEEPSEEK_FAMILY = (
-    "DeepseekV32ForCausalLM",
-    "DeepseekV3ForCausalLM",
-    "DeepseekV2ForCausalLM",
-    "GptOssForCausalLM",
-    "Glm4MoeForCausalLM",
-    "BailingMoeForCausalLM",
-    "BailingMoeV2ForCausalLM",
-    "MistralLarge3ForCausalLM",
-    "PixtralForConditionalGeneration",
-)
 #: MiB SGLang 0.5.6.post2's default mfs adds for a draft and its graphs (`server_args.py:874-880`)
 V056_DEFAULT_RESERVE_MIB = {"STANDALONE": 6 * 1024, "NGRAM": 0}
 V056_EAGLE_RESERVE_MIB = 2 * 1024
@@ -71,15 +59,10 @@ def architecture(config: Mapping[str, Any]) -> str:
 
 
 def auto_params(algorithm: str, arch: str, version: str) -> tuple[int, int, int]:
-    """(steps, top-k, draft tokens) SGLang picks when none is given (0.5.6.post2
-    `server_args.py:4649-4680`, 0.5.23 `arg_groups/speculative_hook.py:1430-1461`): (3, 1, 4)
-    for STANDALONE and the DeepSeek family, (5, 4, 8) for Llama and Grok; any other
-    architecture gets (5, 4, 8) in 0.5.6.post2 and (3, 1, 4) in 0.5.23."""
-    if algorithm == "STANDALONE" or arch in DEEPSEEK_FAMILY:
-        return 3, 1, 4
-    if arch in ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"):
-        return 5, 4, 8
-    return (5, 4, 8) if version == "0.5.6.post2" else (3, 1, 4)
+    """(steps, top-k, draft tokens) SGLang picks when none is given: `sglang.specargs`'s
+    rules (0.5.6.post2 `server_args.py:4649-4680`, 0.5.23
+    `arg_groups/speculative_hook.py:1430-1461`), the ones the simulator plays."""
+    return specargs.auto_params(algorithm, arch or None, version != "0.5.6.post2")
 
 
 def resolve_params(
