@@ -16,7 +16,10 @@ line naming the file and key before anything is written or started:
   within `MAX_POOL_TOKENS`; the load window shorter than the trial's timeout; a shared-prefix
   count no larger than its groups hold (each prompt is sent once);
 - the client's concurrency: searched (space.concurrency) or fixed (workload.concurrency), not
-  both (with neither, `tune` refuses the study unless a request rate leaves it uncapped).
+  both (with neither, `tune` refuses the study unless a request rate leaves it uncapped);
+- a fixed parallel layout and speculation SGLang refuses before it loads anything
+  (`capacity.layout.launch_problem`: DP attention whose dp does not divide tp, ...); when one
+  of those flags is searched, the refusal is that trial's (the pre-check's), not the file's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.capacity.calculus import GB
-from tuner.capacity.precheck import hicache_ram_problem, parallel_of
+from tuner.capacity.precheck import hicache_ram_problem, launch_problem, parallel_of
 from tuner.config.base import MAX_CONCURRENCY, MAX_TOKENS
 from tuner.config.schema import StudyConfig
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
@@ -39,7 +42,14 @@ from tuner.search.sampler import sampler_problem
 from tuner.search.space import ordered
 from tuner.server.launch import is_secret_name
 from tuner.sglang.argtypes import BOOLEAN_OPTIONAL
-from tuner.sglang.flags import KNOWN_VERSIONS, canonical_flag, flags_for
+from tuner.sglang.flags import (
+    KNOWN_VERSIONS,
+    SPEC_ALGORITHM,
+    canonical_flag,
+    flags_for,
+    full_name,
+    speculation_off,
+)
 from tuner.sglang.tables import STORE_TRUE, Flag
 
 __all__ = ["DEFAULT_POOL", "request_pool"]  # their old home: callers import them from here
@@ -88,6 +98,7 @@ def check_study(cfg: StudyConfig) -> None:
     if (sampler := sampler_problem(cfg)) is not None:
         _raise_if(cfg, *sampler)
     _check_workload(cfg)
+    _raise_if(cfg, *_launch_problem(cfg))
     _check_host_ram(cfg)
     if cfg.target.container is not None:
         _raise_if(cfg, *target_problem(cfg.target.launch, cfg.target.workdir))
@@ -164,7 +175,11 @@ def _type_name(flag: Flag) -> str:
 
 
 def value_problem(flag: Flag, value: Any) -> str | None:
-    """What SGLang's argparse (or its own checks) would refuse in this value; None if fine."""
+    """What SGLang's argparse (or its own checks) would refuse in this value; None if fine.
+    tuner's own word for "off" is fine where the launch drops it (`speculative-algorithm:
+    none`, `sglang.flags.effective_flags`)."""
+    if flag.name == SPEC_ALGORITHM and speculation_off(value):
+        return None
     if flag.action in SWITCHES:
         if not isinstance(value, bool):
             return f"a switch: expected true or false (got {value!r})"
@@ -324,6 +339,28 @@ def _context_len(cfg: StudyConfig) -> tuple[int, str]:
         if isinstance(n, int) and n > 0:
             return n, f"the model's context length ({cfg.hardware.model_config_path})"
     return MAX_TOKENS, "tuner's cap on request length"
+
+
+#: the flags `launch_problem` judges together: all fixed, or the judgement is each trial's
+LAYOUT_FLAGS = frozenset(
+    {
+        *("tensor-parallel-size", "data-parallel-size", "pipeline-parallel-size"),
+        *("enable-dp-attention", "attn-dp-size", "speculative-algorithm"),
+        *("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"),
+    }
+)
+
+
+def _launch_problem(cfg: StudyConfig) -> tuple[str, str | None]:
+    """(key, why) when the fixed layout or speculation cannot start in any trial."""
+    names = {full_name(k): k for k in cfg.server}
+    searched = {full_name(k) for k in cfg.space}
+    if searched & LAYOUT_FLAGS:
+        return "server", None
+    problem = launch_problem(cfg.server)
+    about = ("speculative-",) if problem and "speculative" in problem else ("data-", "attn-dp")
+    key = next((f"server.{k}" for n, k in names.items() if n.startswith(about)), "server")
+    return key, problem
 
 
 def _check_host_ram(cfg: StudyConfig) -> None:

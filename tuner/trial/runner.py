@@ -409,7 +409,9 @@ class TrialRunner:
             self.started, self.version = True, result.version or self.version
             self._running_key = canonical(flags)
             self.pool = result.max_total_num_tokens
-            self.knowledge = learned_start(self.knowledge, self.pool, result.mem_fraction_static)
+            self.knowledge = learned_start(
+                self.knowledge, self.pool, result.mem_fraction_static, flags
+            )
         elif result.failure == FailureClass.BAD_FLAG and study_file_at_fault(self.started):
             raise rejected_flags(self.cfg, result)
         else:
