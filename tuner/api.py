@@ -36,8 +36,9 @@ from tuner.search.sampler import make_sampler, reseed_on_resume
 from tuner.server.endpoint import Endpoint
 from tuner.server.launch import server_log_path
 from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
-from tuner.server.runtime import ContainerRuntime
+from tuner.server.runtime import ContainerRuntime, Runtime
 from tuner.server.startlog import StartupLog
+from tuner.server.steps import following, slurm_parts
 from tuner.server.target import Launch, endpoint_for, env_secret, host_for
 from tuner.study.loop import Tuning, default_worker
 from tuner.study.states import TuneStats
@@ -104,6 +105,10 @@ class Seams:
     launch: Launch
     endpoint: Endpoint | None = None
     n_requests: int | None = None  # the study's request list's size (a warning reads it)
+    #: what the study holds for the night (a Slurm allocation): taken when the run starts
+    #: (`hold(say)`, once lost servers are stopped), given back when it ends (`release()`)
+    hold: Callable[[Callable[[str], None]], None] | None = None
+    release: Callable[[], None] | None = None
 
     def stop_group(self, pgid: int, port: int) -> None:
         """Stop a server an earlier run of this worker left behind (by its process group)."""
@@ -122,10 +127,15 @@ class Seams:
                     logs.sweep()  # the last server's log was fetched when its trial ended
         finally:
             try:
-                if self.endpoint is not None:
-                    self.endpoint.close()
+                if self.release is not None:  # also after a failed stop: it ends the server too
+                    with contextlib.suppress(*((InfraError,) if quiet else ())):
+                        self.release()
             finally:
-                self.host.close()
+                try:
+                    if self.endpoint is not None:
+                        self.endpoint.close()
+                finally:
+                    self.host.close()
 
 
 def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None) -> Seams:
@@ -135,9 +145,17 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
     hardware = hardware_of(cfg)
     host = host_for(cfg.target)
     launch = Launch.of(cfg.target)
-    endpoint = endpoint_for(cfg.target, host)
+    endpoint: Endpoint = endpoint_for(cfg.target, host)
     box = cfg.target.container  # the server in a container, stopped by name, found by label
-    runtime = ContainerRuntime(host, box, launch.env, marker) if box is not None else None
+    runtime: Runtime | None = None
+    # a Slurm study's allocation: taken when the run starts, given back when it ends
+    hold: Callable[[Callable[[str], None]], None] | None = None
+    release: Callable[[], None] | None = None
+    if box is not None:
+        runtime = ContainerRuntime(host, box, launch.env, marker)
+    elif cfg.target.slurm is not None:  # each server a step of the study's allocation
+        slurm, endpoint = slurm_parts(cfg.target, host, launch.env, marker)
+        runtime, hold, release = slurm, slurm.hold, slurm.release
     server = Server(
         host,
         cfg.target.timeouts,
@@ -147,17 +165,20 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         runtime=runtime,
         keep_logs=cfg.target.workdir is not None,  # else in the host's /tmp: removed when read
     )
+    run_load = load_runner(cfg, requests, api_key, endpoint)
+    if release is not None:  # the server's node is known once the allocation runs
+        run_load = following(run_load, endpoint, cfg.target.port)
     runner = TrialRunner(
         cfg,
         server,
-        load_runner(cfg, requests, api_key, endpoint),
+        run_load,
         endpoint.url(cfg.target.port),
         hardware,
         env=launch.env,
         secret_flags={"api-key": api_key} if api_key else None,
         launch_template=launch.template,
     )
-    return Seams(host, server, runner, launch, endpoint, len(requests))
+    return Seams(host, server, runner, launch, endpoint, len(requests), hold, release)
 
 
 def tune(
@@ -286,6 +307,8 @@ def _run(
     """Stop lost servers, recover zombies, seed trial 0, optimize, confirm the best."""
     for pgid, command in seams.server.stop_strays():
         events.say(f"stopped a server an earlier run left behind (pgid {pgid}: {command[:80]})")
+    if getattr(seams, "hold", None) is not None:  # before the first trial: not in its time
+        seams.hold(events.say)
     # read after the strays are gone: a lost server's pinned HiCache is not a tenant's
     judge_by_available_ram(seams, events)
     if (problem := trial_time_problem(cfg)) is not None:
@@ -354,8 +377,8 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
     the target), not only the total the study file states: another tenant's memory is not the
     server's. Not for the simulator (its host RAM is its profile's), nor when it cannot be read
     (then the study file's figure stands, as before)."""
-    if seams.launch.simulated:
-        return
+    if seams.launch.simulated or getattr(seams, "release", None) is not None:
+        return  # a Slurm study's host is the login node: its RAM is not the server's
     try:
         res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)
     except InfraError:

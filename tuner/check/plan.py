@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.check import connect, httppath, machine, reading, sglang
+from tuner.check import connect, httppath, machine, reading, sglang, slurm
 from tuner.check.lines import FAIL, CheckLine, fail, skip
 from tuner.check.probe import Deadlines, Probe
 from tuner.config.schema import StudyConfig
@@ -35,6 +35,8 @@ CHECKS: tuple[Check, ...] = (
     Check("shell", "shell", connect.shell, ("ssh",)),
     Check("round trip", "round trip", connect.round_trip, ("shell",)),
     Check("workdir", "workdir", connect.workdir, ("shell",)),
+    Check("slurm", "slurm", slurm.commands, ("shell",)),  # target.slurm only (`planned`)
+    Check("partition", "partition", slurm.partition, ("slurm",)),
     Check("sglang", "sglang", sglang.version, ("workdir",)),
     Check("flags", "flags", sglang.flags, ("workdir",)),
     Check("gpus", "gpus", machine.gpus, ("shell",)),
@@ -48,7 +50,15 @@ CHECKS: tuple[Check, ...] = (
     Check("http path", "http path", httppath.http_path, ("port",)),
 )
 #: what `tuner tune` checks before its first trial: cheap, and each a certain night-killer
-NIGHT = ("ssh", "shell", "workdir", "flags")
+NIGHT = ("ssh", "shell", "workdir", "slurm", "flags")
+#: the checks of a study whose target has `slurm:`
+SLURM = frozenset({"slurm", "partition"})
+
+
+def planned(checks: tuple[Check, ...], cfg: StudyConfig | None) -> tuple[Check, ...]:
+    """The checks that apply to the study (the Slurm lines only with target.slurm)."""
+    slurm_ = cfg is not None and cfg.target.slurm is not None
+    return tuple(c for c in checks if slurm_ or c.key not in SLURM)
 
 
 def run_checks(
@@ -61,6 +71,7 @@ def run_checks(
     `runs_dir` is the one `tuner tune` will use (which servers are its own lost ones)."""
     checks = CHECKS if keys is None else tuple(c for c in CHECKS if c.key in keys)
     line, cfg = connect.study_file(path)
+    checks = planned(checks, cfg)
     if cfg is None:
         return [line, *(skip(c.label, f"skipped: {line.name} FAILed") for c in checks)]
     probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines(), runs_dir=Path(runs_dir))
@@ -80,6 +91,9 @@ def _run(checks: tuple[Check, ...], probe: Probe, *, stop_at_fail: bool = False)
             bad[check.key] = blocked
             lines.append(skip(check.label, f"skipped: {blocked} FAILed"))
             continue
+        if check.key in slurm.ON_NODE and probe.cfg.target.slurm is not None:
+            lines.append(slurm.on_node(check.label))
+            continue
         line = _one(check, probe)
         lines.append(line)
         if line.status == FAIL:
@@ -97,12 +111,14 @@ def _one(check: Check, probe: Probe) -> CheckLine:
 
 
 def before_night(cfg: StudyConfig, deadlines: Deadlines | None = None) -> None:
-    """The cheap checks (SSH, the remote shell, the workdir, the flags against the host's own
-    SGLang), before anything is created: the first FAIL is raised as its one-line error
-    (exit 2 for the user's mistakes, 1 for an unreachable host, as the CLI maps them)."""
+    """The cheap checks (SSH, the remote shell, the workdir, Slurm's commands for a Slurm
+    target, the flags against the host's own SGLang), before anything is created: the first
+    FAIL is raised as its one-line error (exit 2 for the user's mistakes, 1 for an unreachable
+    host, as the CLI maps them)."""
     probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines())
     try:
-        lines = _run(tuple(c for c in CHECKS if c.key in NIGHT), probe, stop_at_fail=True)
+        night = planned(tuple(c for c in CHECKS if c.key in NIGHT), cfg)
+        lines = _run(night, probe, stop_at_fail=True)
     finally:
         if probe.host is not None:
             probe.host.close()

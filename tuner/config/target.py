@@ -1,5 +1,6 @@
 """The study file's `target:` section: where the server runs, how it is reached and started, every
-wait named, and `target.container` (the commands it implies are built in `server/container.py`)."""
+wait named, `target.container` (the commands it implies are built in `server/container.py`) and
+`target.slurm` (built in `server/slurm.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.config.base import Duration, Model
+from tuner.config.slurm import SlurmSection
 
 
 class SSHSection(Model):
@@ -69,6 +71,7 @@ class TargetSection(Model):
     unchecked_flags: list[str] = Field(default_factory=list)
     timeouts: Timeouts = Timeouts()
     container: ContainerSection | None = None  # run the server in one (schema: server/container.py)
+    slurm: SlurmSection | None = None  # a step of a held allocation per server (config/slurm.py)
 
     @field_validator("launch")
     @classmethod

@@ -33,6 +33,7 @@ from tuner.capacity.calculus import GB
 from tuner.capacity.precheck import hicache_ram_problem, launch_problem, parallel_of
 from tuner.config.base import MAX_CONCURRENCY, MAX_TOKENS
 from tuner.config.schema import StudyConfig
+from tuner.config.slurm import slurm_problem
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
 from tuner.config.target import target_problem
 from tuner.errors import ConfigError, TunerError
@@ -102,6 +103,8 @@ def check_study(cfg: StudyConfig) -> None:
     _check_host_ram(cfg)
     if cfg.target.container is not None:
         _raise_if(cfg, *target_problem(cfg.target.launch, cfg.target.workdir))
+    if cfg.target.slurm is not None:
+        _raise_if(cfg, *slurm_problem(cfg.target, cfg.server))
     _raise_if(cfg, *_concurrency_problem(cfg))
 
 

@@ -72,7 +72,8 @@ class Server:
     the key included, so everything read back from the server (reasons, log lines, the fetched
     log) is masked before it leaves this class, as are the secrets of every spec it started.
     `marker` (e.g. one per study and worker) goes into every started server's environment, so
-    `stop_strays` finds servers whose group was never recorded; `runtime` may be a container.
+    `stop_strays` finds servers whose group was never recorded; `runtime` may be a container
+    or a Slurm step.
     `nvidia_smi` is the command used to read GPU facts and wait for memory release (skipped when
     the host has no such command). `keep_logs`: False when tuner chose where the logs go (they
     are removed once fetched, `server.logs`). `clock`/`sleep` are seams for tests.
@@ -253,7 +254,7 @@ class Server:
         """GPU model and memory from nvidia-smi (empty without nvidia-smi); read once."""
         if self._gpus is None:
             self._gpus = ()
-            if self.host.which(self.nvidia_smi):
+            if not self.runtime.remote and self.host.which(self.nvidia_smi):
                 res = self.host.run(
                     [
                         self.nvidia_smi,
@@ -278,7 +279,7 @@ class Server:
     def _prepare(self, spec: LaunchSpec) -> None:
         """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts."""
         port_free = lambda: self.host.port_free(spec.port)  # noqa: E731
-        if not port_free():
+        if not self.runtime.remote and not port_free():  # a Slurm step's port is the node's
             self.stop_strays()
             if not self._poll(port_free, self.timeouts.port_free_s):
                 raise port_held_error(self.host, spec.port, self._mask)

@@ -54,6 +54,9 @@ class Runtime(Protocol):
 
     #: does SGLang report a pid of the launch group (False in a container: its own namespace's)
     host_pids: bool
+    #: does the server run on another machine than the Host (a Slurm step: its port and GPUs
+    #: are the node's, not the login node's)
+    remote: bool
 
     def check_setup(self, spec: LaunchSpec) -> None: ...
     def wrap(self, spec: LaunchSpec, config_path: str | None) -> LaunchSpec: ...
@@ -69,6 +72,7 @@ class DirectRuntime:
     """No container: the launch script's process group is the server."""
 
     host_pids = True
+    remote = False
 
     def __init__(self, host: Host):
         self.host = host
@@ -101,6 +105,7 @@ class ContainerRuntime:
     """The server in a container named `name` (stable per marker), labelled with the marker."""
 
     host_pids = False
+    remote = False
 
     def __init__(
         self,
