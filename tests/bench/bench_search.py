@@ -128,6 +128,18 @@ def kimi() -> dict[str, Any]:
     return d
 
 
+def generation() -> dict[str, Any]:
+    """search_spaces/kimi-k2.5-tp8-generation.yaml on the simulator: the seed's own job (offline
+    generation, output throughput, no latency limit) over mfs x HiCache x DP attention x EAGLE-3
+    steps/topk/draft tokens x concurrency."""
+    d = _shipped("kimi-k2.5-tp8-generation.yaml")
+    d["study"] = "generation-virtual"
+    d["target"] = {"host": "local", "launch": [*SIM, "kimi-k2.5-tp8"], "port": 30000}
+    # the draft the simulator's profile carries (its path is a name the simulator accepts)
+    d["server"]["speculative-draft-model-path"] = "AQ-MedAI/Kimi-K25-eagle3"
+    return d
+
+
 def seventy() -> dict[str, Any]:
     """Llama-3.1-70B TP4 on 4 x H100, multi-turn chat: mfs x chunked-prefill-size x concurrency.
     No test uses its profile (tuner/sim/profiles/llama-3.1-70b-h100-tp4.yaml)."""
@@ -181,6 +193,9 @@ CASES = {
     "tight": Case("Llama-8B, 32 GB GPU", tight, 24),
     "kimi": Case("Kimi-K2.5 TP8 shared prefix (mfs x hicache x conc)", kimi, 12),
     "seventy": Case("Llama-70B TP4 chat (mfs x chunk x conc)", seventy, 14),
+    "generation": Case(
+        "Kimi-K2.5 TP8 generation (mfs x hicache x DP attn x EAGLE-3 x conc)", generation, 7
+    ),
 }
 
 
