@@ -41,6 +41,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 THIS = Path(__file__).resolve()
+if str(THIS.parents[2]) not in sys.path:  # run as the fake command: the helpers import
+    sys.path.insert(0, str(THIS.parents[2]))
+
+from tests.helpers.fake_bin import FakeBin  # noqa: E402
+
 REPO = THIS.parents[2]
 IMAGE = "lmsysorg/sglang:fake"
 SIM_ARGS = ("--sim-profile", "llama-3.1-8b-h100", "--sim-startup-seconds", "0.3")
@@ -59,31 +64,14 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sign
 # --- the test side -----------------------------------------------------------------------------
 
 
-class FakeDocker:
+class FakeDocker(FakeBin):
     """A `docker` executable in `root/bin` and its state in `root/state`."""
 
     def __init__(
         self, root: Path, images: tuple[str, ...] = (IMAGE,), sim_args: tuple[str, ...] = SIM_ARGS
     ):
-        self.bin = root / "bin"
-        self.state = root / "state"
-        (self.state / "containers").mkdir(parents=True, exist_ok=True)
-        self.bin.mkdir(parents=True, exist_ok=True)
         config = {"images": list(images), "sim_args": list(sim_args)}
-        (self.state / "config.json").write_text(json.dumps(config))
-        exe = self.bin / "docker"
-        exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS} --state {self.state} "$@"\n')
-        exe.chmod(0o755)
-
-    @property
-    def path(self) -> str:
-        """PATH with the fake first."""
-        return f"{self.bin}:{os.environ.get('PATH', '')}"
-
-    def calls(self) -> list[list[str]]:
-        """argv of every call so far, in order."""
-        f = self.state / "calls.jsonl"
-        return [json.loads(ln)["argv"] for ln in f.read_text().splitlines()] if f.exists() else []
+        super().__init__(root, THIS, {"docker": ""}, "containers", config)
 
     def records(self) -> dict[str, dict]:
         """name -> record of every container that exists (running or exited)."""

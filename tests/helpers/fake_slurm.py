@@ -45,6 +45,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 THIS = Path(__file__).resolve()
+if str(THIS.parents[2]) not in sys.path:  # run as the fake command: the helpers import
+    sys.path.insert(0, str(THIS.parents[2]))
+
+from tests.helpers.fake_bin import FakeBin  # noqa: E402
+
 NODE = "127.0.0.1"
 COMMANDS = ("salloc", "srun", "squeue", "scancel", "sinfo")
 MARKER_VAR = "TUNER_SERVER_MARKER"
@@ -58,8 +63,9 @@ _SRUN_SWITCHES = {"--overlap", "--exact", "-u", "--unbuffered", "-l", "--label",
 # --- the test side -----------------------------------------------------------------------------
 
 
-class FakeSlurm:
-    """Slurm's commands in `root/bin`, their state in `root/state`."""
+class FakeSlurm(FakeBin):
+    """Slurm's commands in `root/bin`, their state in `root/state` (`calls()`: the command's
+    name first)."""
 
     def __init__(
         self,
@@ -69,28 +75,8 @@ class FakeSlurm:
         reason: str = "Resources",
         gres: str = "gpu:8",
     ):
-        self.bin = root / "bin"
-        self.state = root / "state"
-        (self.state / "steps").mkdir(parents=True, exist_ok=True)
-        self.bin.mkdir(parents=True, exist_ok=True)
         config = {"partitions": list(partitions), "grant": grant, "reason": reason, "gres": gres}
-        (self.state / "config.json").write_text(json.dumps(config))
-        for cmd in COMMANDS:
-            exe = self.bin / cmd
-            exe.write_text(
-                f'#!/bin/sh\nexec {sys.executable} {THIS} --state {self.state} {cmd} "$@"\n'
-            )
-            exe.chmod(0o755)
-
-    @property
-    def path(self) -> str:
-        """PATH with the fakes first."""
-        return f"{self.bin}:{os.environ.get('PATH', '')}"
-
-    def calls(self) -> list[list[str]]:
-        """argv of every call so far (the command's name first), in order."""
-        f = self.state / "calls.jsonl"
-        return [json.loads(ln)["argv"] for ln in f.read_text().splitlines()] if f.exists() else []
+        super().__init__(root, THIS, {cmd: cmd for cmd in COMMANDS}, "steps", config)
 
     def jobs(self) -> dict[str, dict]:
         return _read(self.state)["jobs"]
