@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,3 +48,21 @@ class FakeBin:
         """argv of every call so far, in order."""
         f = self.state / "calls.jsonl"
         return [json.loads(ln)["argv"] for ln in f.read_text().splitlines()] if f.exists() else []
+
+
+def follow(log: Path, proc: subprocess.Popen) -> int:
+    """Copy `log` to stdout as it grows until `proc` ends (an attached client: `docker run`,
+    `srun`); its exit code as a shell reports it (128 + N for a signal)."""
+    with open(log, "rb") as f:
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            elif proc.poll() is not None:
+                sys.stdout.buffer.write(f.read())
+                sys.stdout.buffer.flush()
+                break
+            else:
+                time.sleep(0.05)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

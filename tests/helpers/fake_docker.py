@@ -44,7 +44,7 @@ THIS = Path(__file__).resolve()
 if str(THIS.parents[2]) not in sys.path:  # run as the fake command: the helpers import
     sys.path.insert(0, str(THIS.parents[2]))
 
-from tests.helpers.fake_bin import FakeBin  # noqa: E402
+from tests.helpers.fake_bin import FakeBin, follow  # noqa: E402
 
 REPO = THIS.parents[2]
 IMAGE = "lmsysorg/sglang:fake"
@@ -279,19 +279,7 @@ def _run(state: Path, args: list[str]) -> int:
         _save(state, rec)
     for sig in _FORWARDED:  # --sig-proxy
         signal.signal(sig, lambda s, _f: os.kill(init.pid, s))
-    with open(log, "rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if chunk:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
-            elif init.poll() is not None:
-                sys.stdout.buffer.write(f.read())
-                sys.stdout.buffer.flush()
-                break
-            else:
-                time.sleep(0.05)
-    code = init.returncode if init.returncode >= 0 else 128 - init.returncode
+    code = follow(log, init)
     with _locked(state):
         cur = _load(state, name)
         if cur and cur["pid"] == init.pid:

@@ -48,7 +48,7 @@ THIS = Path(__file__).resolve()
 if str(THIS.parents[2]) not in sys.path:  # run as the fake command: the helpers import
     sys.path.insert(0, str(THIS.parents[2]))
 
-from tests.helpers.fake_bin import FakeBin  # noqa: E402
+from tests.helpers.fake_bin import FakeBin, follow  # noqa: E402
 
 NODE = "127.0.0.1"
 COMMANDS = ("salloc", "srun", "squeue", "scancel", "sinfo")
@@ -323,19 +323,7 @@ def _srun(state: Path, args: list[str]) -> int:
         time.sleep(0.1)
     for sig in _FORWARDED:
         signal.signal(sig, lambda s, _f: _signal_task(task.pid, s))
-    with open(log, "rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if chunk:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
-            elif task.poll() is not None:
-                sys.stdout.buffer.write(f.read())
-                sys.stdout.buffer.flush()
-                break
-            else:
-                time.sleep(0.05)
-    code = task.returncode if task.returncode >= 0 else 128 - task.returncode
+    code = follow(log, task)
 
     def ended(data: dict) -> str:
         step = data["jobs"][jid]["steps"][sid]
