@@ -307,7 +307,7 @@ def _run(
     """Stop lost servers, recover zombies, seed trial 0, optimize, confirm the best."""
     for pgid, command in seams.server.stop_strays():
         events.say(f"stopped a server an earlier run left behind (pgid {pgid}: {command[:80]})")
-    if getattr(seams, "hold", None) is not None:  # before the first trial: not in its time
+    if seams.hold is not None:  # before the first trial: not in its time
         seams.hold(events.say)
     # read after the strays are gone: a lost server's pinned HiCache is not a tenant's
     judge_by_available_ram(seams, events)
@@ -377,7 +377,7 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
     the target), not only the total the study file states: another tenant's memory is not the
     server's. Not for the simulator (its host RAM is its profile's), nor when it cannot be read
     (then the study file's figure stands, as before)."""
-    if seams.launch.simulated or getattr(seams, "release", None) is not None:
+    if seams.launch.simulated or seams.release is not None:
         return  # a Slurm study's host is the login node: its RAM is not the server's
     try:
         res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)
