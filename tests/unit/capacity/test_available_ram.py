@@ -60,7 +60,7 @@ class _Host:
 
 def _seams(host, launch: Launch, host_ram_gb: float | None = 449.0):
     runner = SimpleNamespace(hardware=Hardware(host_ram_gb=host_ram_gb))
-    return SimpleNamespace(host=host, launch=launch, runner=runner)
+    return SimpleNamespace(host=host, launch=launch, runner=runner, release=None)
 
 
 def test_tune_reads_the_targets_meminfo_and_says_so() -> None:
