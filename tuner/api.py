@@ -34,6 +34,7 @@ from tuner.report.export import write_best
 from tuner.search.mode import trial_time_problem
 from tuner.search.sampler import make_sampler, reseed_on_resume
 from tuner.server.endpoint import Endpoint
+from tuner.server.kuberuntime import kube_parts
 from tuner.server.launch import server_log_path
 from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
 from tuner.server.runtime import ContainerRuntime, Runtime
@@ -156,6 +157,8 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
     elif cfg.target.slurm is not None:  # each server a step of the study's allocation
         slurm, endpoint = slurm_parts(cfg.target, host, launch.env, marker)
         runtime, hold, release = slurm, slurm.hold, slurm.release
+    elif cfg.target.kubernetes is not None:  # each server a pod, reached by port-forward
+        runtime, endpoint = kube_parts(cfg.target, host, launch.env, marker)
     server = Server(
         host,
         cfg.target.timeouts,
@@ -166,7 +169,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         keep_logs=cfg.target.workdir is not None,  # else in the host's /tmp: removed when read
     )
     run_load = load_runner(cfg, requests, api_key, endpoint)
-    if release is not None:  # the server's node is known once the allocation runs
+    if runtime is not None and runtime.remote:  # the node (the forward) is known per server
         run_load = following(run_load, endpoint, cfg.target.port)
     runner = TrialRunner(
         cfg,
@@ -377,8 +380,8 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
     the target), not only the total the study file states: another tenant's memory is not the
     server's. Not for the simulator (its host RAM is its profile's), nor when it cannot be read
     (then the study file's figure stands, as before)."""
-    if seams.launch.simulated or seams.release is not None:
-        return  # a Slurm study's host is the login node: its RAM is not the server's
+    if seams.launch.simulated or (isinstance(seams.server, Server) and seams.server.runtime.remote):
+        return  # a Slurm study's host is the login node, a pod's this machine: not the server's
     try:
         res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)
     except InfraError:

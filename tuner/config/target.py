@@ -1,6 +1,6 @@
 """The study file's `target:` section: where the server runs, how it is reached and started, every
 wait named, `target.container` (the commands it implies are built in `server/container.py`) and
-`target.slurm` (built in `server/slurm.py`)."""
+`target.slurm` (built in `server/slurm.py`) and `target.kubernetes` (built in `server/kube.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.config.base import Duration, Model
+from tuner.config.kubernetes import KubernetesSection
 from tuner.config.slurm import SlurmSection
 
 
@@ -72,6 +73,7 @@ class TargetSection(Model):
     timeouts: Timeouts = Timeouts()
     container: ContainerSection | None = None  # run the server in one (schema: server/container.py)
     slurm: SlurmSection | None = None  # a step of a held allocation per server (config/slurm.py)
+    kubernetes: KubernetesSection | None = None  # a pod per server (config/kubernetes.py)
 
     @field_validator("launch")
     @classmethod

@@ -32,6 +32,7 @@ from typing import Any
 from tuner.capacity.calculus import GB
 from tuner.capacity.precheck import hicache_ram_problem, launch_problem, parallel_of
 from tuner.config.base import MAX_CONCURRENCY, MAX_TOKENS
+from tuner.config.kubernetes import kubernetes_problem
 from tuner.config.schema import StudyConfig
 from tuner.config.slurm import slurm_problem
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
@@ -101,6 +102,8 @@ def check_study(cfg: StudyConfig) -> None:
     _check_workload(cfg)
     _raise_if(cfg, *_launch_problem(cfg))
     _check_host_ram(cfg)
+    if cfg.target.kubernetes is not None:  # first: it refuses a container: or slurm: beside it
+        _raise_if(cfg, *kubernetes_problem(cfg.target, cfg.server))
     if cfg.target.container is not None:
         _raise_if(cfg, *target_problem(cfg.target.launch, cfg.target.workdir))
     if cfg.target.slurm is not None:

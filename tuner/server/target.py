@@ -82,10 +82,11 @@ class Launch:
 
     @classmethod
     def of(cls, target: TargetSection) -> Launch:
-        # `{python}` stands for the Python running tuner (simulator studies); in a container the
+        # `{python}` stands for the Python running tuner (simulator studies); in a container (or a pod) the
         # command runs inside the image, by default with its python3
         launch = target.launch
-        if target.container is not None and "launch" not in target.model_fields_set:
+        boxed = target.container is not None or target.kubernetes is not None
+        if boxed and "launch" not in target.model_fields_set:
             launch = list(DEFAULT_LAUNCH)
         template = tuple(sys.executable if a == "{python}" else a for a in launch)
         env = dict(target.env)

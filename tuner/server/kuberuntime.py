@@ -1,0 +1,474 @@
+"""Each server as a Kubernetes pod: the Runtime `server.lifecycle.Server` calls for
+`target.kubernetes`, and the endpoint that reaches the pod through `kubectl port-forward`.
+
+`KubeRuntime.wrap` creates the pod (and its Secret: manifests built in `server.kube`) and waits
+until it is scheduled; the launch script then execs the follower (`server.kubefollow`), the
+pod's attached client: its output is the server log, its exit code the container's. So the
+launch group, its log and exit status work as a direct server's do, while the server runs in
+the cluster. A pod outlives its killed follower, so once the follower's group is gone the pod
+is deleted by its name and waited for (`remove`); a killed run's pods and Secrets are found by
+the worker's label and deleted (`stop_strays`).
+
+Whose failure: a pod not scheduled within `schedule_timeout_s` (no node has the GPUs), one the
+cluster ended (evicted, its node lost, preempted, deleted by someone else) raise InfraError
+with Kubernetes' own reason: the world's, never the configuration's. A pod that cannot start
+for the user's setup (the image cannot be pulled, kubectl refusing the manifest) raises
+SetupError. SGLang's own failures (an OOM, a refused flag) are in the container's log and
+exit code, judged by `sglang.failures` as for any server.
+
+kubectl runs on the tuner's machine (`host: local`, config/kubernetes.py) with target.env
+(its PATH, KUBECONFIG): the values reach the shell through stdin, never a command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from tuner.config.kubernetes import KubernetesSection
+from tuner.config.target import TargetSection, Timeouts
+from tuner.errors import InfraError, SetupError
+from tuner.hosts.base import CommandResult, Host
+from tuner.server import kubefollow
+from tuner.server.endpoint import url_for
+from tuner.server.kube import (
+    CONFIG_KEY,
+    create_argv,
+    delete_argv,
+    env_split,
+    get_pod_argv,
+    items,
+    kubectl,
+    list_argv,
+    logs_argv,
+    manifest_list,
+    marker_tag,
+    pod_manifest,
+    pod_name,
+    port_forward_argv,
+    secret_manifest,
+    secret_name,
+    shell,
+)
+from tuner.server.kubefollow import SETUP, WORLD, PodView, pod_view
+from tuner.server.launch import LaunchSpec
+from tuner.server.runtime import DirectRuntime, Gpus
+
+log = logging.getLogger(__name__)
+
+#: the follower, run as a file by the tuner's Python in isolated mode (standard library only)
+FOLLOWER = str(Path(kubefollow.__file__).resolve())
+#: kubectl's refusals that are the world's (the API server away, a quota others use up)
+_WORLD = re.compile(
+    r"unable to connect to the server|connection refused|i/o timeout|tls handshake timeout|"
+    r"exceeded quota|the server is currently unable|etcdserver|context deadline exceeded|"
+    r"too many requests",
+    re.I,
+)
+#: how long a port-forward may take to say it listens
+FORWARD_START_S = 10.0
+MARKER_VAR = "TUNER_SERVER_MARKER"  # lifecycle.MARKER_VAR (lifecycle imports this package)
+
+
+class KubeRuntime:
+    """The server as the pod `<prefix>-<tag>-<random>` (tag per marker), one per start."""
+
+    host_pids = False  # the pod's pids are its node's
+    remote = True  # so are its port and GPUs: the lifecycle does not look for them here
+
+    def __init__(
+        self,
+        host: Host,
+        section: KubernetesSection,
+        env: Mapping[str, str] | None = None,
+        marker: str | None = None,
+        timeouts: Timeouts | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.host = host
+        self.section = section
+        self.env = dict(env or {})
+        self.marker = marker
+        self.tag = marker_tag(marker)
+        self.timeouts = timeouts or Timeouts()
+        #: the current pod (created, not yet deleted): the endpoint forwards to it
+        self.pod: str | None = None
+        self._clock, self._sleep = clock, sleep
+        self._reported: set[str] = set()  # logs whose pod the cluster ended: said once
+
+    # -- the Runtime seam -------------------------------------------------------------------
+
+    def check_setup(self, spec: LaunchSpec) -> None:
+        """SetupError unless kubectl is on the PATH (with target.env)."""
+        prog = self.section.kubectl
+        res = self.run(f"command -v -- {shlex.quote(prog)} >/dev/null || exit 3")
+        if res.exit_code == 3:
+            raise SetupError(
+                f"target.kubernetes.kubectl: {prog} is not on the PATH on {self.host.name} "
+                "(with target.env); install it or set target.env.PATH"
+            )
+        if not res.ok:
+            raise InfraError(f"{self.host.name}: setup check failed (exit {res.exit_code})")
+
+    def wrap(self, spec: LaunchSpec, config_path: str | None) -> LaunchSpec:
+        """Create the pod of `spec` (and its Secret), wait until it is scheduled, and return the
+        follower's launch. On any failure the pod is deleted and the secret flags' file on this
+        machine removed before the error."""
+        sec = self.section
+        name = pod_name(sec.name_prefix, self.tag)
+        plain, hidden = env_split(spec.env)
+        data = dict(hidden)
+        if spec.secret_flags:
+            data[CONFIG_KEY] = spec.secrets_yaml()
+        objs = [secret_manifest(sec, name, self.tag, data)] if data else []
+        objs.append(
+            pod_manifest(
+                sec,
+                name,
+                self.tag,
+                spec.argv,
+                plain,
+                secret_keys=sorted(hidden),
+                config=bool(spec.secret_flags),
+            )
+        )
+        try:
+            self.pod = name
+            self._create(manifest_list(objs))
+            self._wait_scheduled(name)
+        except BaseException:
+            if config_path:
+                with contextlib.suppress(InfraError):
+                    self.host.run_shell(f"rm -f -- {shlex.quote(config_path)}")
+            with contextlib.suppress(InfraError):
+                self._delete(name)
+            raise
+        argv = [sys.executable, "-I", FOLLOWER, "--kubectl", json.dumps(kubectl(sec))]
+        argv += ["--pod", name, "--poll", f"{sec.poll_s:g}"]
+        return replace(spec, argv=tuple(argv), cwd=None)
+
+    def remove(self, gpus: Gpus) -> list[int]:
+        """The follower's group is gone: delete our pod and its Secret, wait until gone."""
+        if self.pod is not None:
+            self._delete(self.pod)
+        return []
+
+    def stop_strays(self, gpus: Gpus) -> list[int]:
+        """Delete every pod and Secret carrying our label (a killed run's)."""
+        if not self.marker:
+            return []
+        res = self.run(shell(list_argv(self.section, self.tag, "pods,secrets")))
+        if not res.ok:
+            raise InfraError(f"{self.host.name}: cannot list pods: {_said(res)}")
+        found = items(res.stdout)
+        for obj in found:
+            meta = obj.get("metadata") or {}
+            log.warning(
+                "%s: deleting %s %s left by an earlier run",
+                self.host.name,
+                str(obj.get("kind", "object")).lower(),
+                meta.get("name"),
+            )
+        names = [
+            f"{str(o.get('kind', '')).lower()}/{(o.get('metadata') or {}).get('name')}"
+            for o in found
+        ]
+        if names:
+            self._delete_names(names)
+        return []
+
+    def exit_and_tail(self, log_path: str, lines: int) -> tuple[int | None, list[str]]:
+        """The follower's exit code and log tail; the container's (`kubectl logs`, its status)
+        when the follower's are missing; InfraError, once per log, when the cluster ended the
+        pod (the follower's WORLD line)."""
+        code, tail = DirectRuntime(self.host).exit_and_tail(log_path, lines)
+        if (code is None or not tail) and self.pod is not None:
+            view = self.view(self.pod)
+            res = self.run(shell(logs_argv(self.section, self.pod, lines)) + " 2>&1")
+            if view is not None and code is None:
+                code = view.exit_code
+            tail = tail or (res.stdout.splitlines() if res.ok else [])
+        why = next((ln[len(WORLD) :] for ln in reversed(tail[-5:]) if ln.startswith(WORLD)), None)
+        if why is None or log_path in self._reported:
+            return code, tail
+        self._reported.add(log_path)
+        raise InfraError(
+            f"kubernetes: the cluster ended the server's pod: {why[:300]} (the world's failure, "
+            "not the configuration's)"
+        )
+
+    def setup_error(
+        self, code: int | None, tail: Sequence[str], mask: Callable[[str], str]
+    ) -> SetupError | None:
+        """SetupError when the pod cannot start for the user's setup (image, container config)."""
+        why = next((ln[len(SETUP) :] for ln in reversed(tail[-5:]) if ln.startswith(SETUP)), None)
+        if why is None:
+            return None
+        return SetupError(
+            f"target.kubernetes: the pod cannot start: {mask(why)[:300]}; check "
+            "target.kubernetes.image and pod_patch"
+        )
+
+    # -- kubectl ------------------------------------------------------------------------------
+
+    def run(self, script: str, stdin: str = "", timeout: float | None = None) -> CommandResult:
+        """`script` with target.env exported (from stdin's first line, base64: values never
+        on a command line); the rest of stdin is the script's."""
+        exports = "".join(
+            f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(self.env.items())
+        )
+        head = base64.b64encode(exports.encode()).decode()
+        return self.host.run_shell(
+            f'IFS= read -r E && eval "$(printf %s "$E" | base64 -d)" && {script}',
+            timeout=timeout or self.section.command_timeout_s,
+            stdin=(head + "\n" + stdin).encode(),
+        )
+
+    def view(self, pod: str) -> PodView | None:
+        """The pod judged (`kubefollow.pod_view`); None when it does not exist."""
+        res = self.run(shell(get_pod_argv(self.section, pod)))
+        if not res.ok:
+            if "NotFound" in res.stderr or "not found" in res.stderr:
+                return None
+            raise InfraError(f"kubernetes: kubectl get pod {pod} failed: {_said(res)}")
+        found = items(res.stdout)
+        if not found:
+            raise InfraError(f"kubernetes: kubectl get pod {pod}: unreadable output")
+        return pod_view(found[0])
+
+    def _create(self, manifests: str) -> None:
+        res = self.run(shell(create_argv(self.section)), stdin=manifests)
+        if res.ok:
+            return
+        why = _said(res)
+        if _WORLD.search(why):
+            raise InfraError(f"kubernetes: kubectl create failed: {why}")
+        raise SetupError(
+            f"target.kubernetes: kubectl create refused the pod in namespace "
+            f"{self.section.namespace}: {why}; check the namespace, your rights "
+            "(`tuner check`) and pod_patch"
+        )
+
+    def _wait_scheduled(self, pod: str) -> None:
+        """Return once the pod is scheduled (or already started, or waiting for the user's
+        image: the follower says so); InfraError with the scheduler's reason past
+        schedule_timeout_s, or when the cluster ended it first."""
+        limit = self.section.schedule_timeout_s
+        deadline = self._clock() + limit
+        wait = 0.05
+        while True:
+            view = self.view(pod)
+            if view is None:
+                raise InfraError(f"kubernetes: pod {pod} was deleted before it was scheduled")
+            if view.world:
+                raise InfraError(
+                    f"kubernetes: the cluster ended pod {pod} before it started: {view.world} "
+                    "(the world's failure, not the configuration's)"
+                )
+            if view.scheduled or view.started or view.setup:
+                return
+            if self._clock() > deadline:
+                why = view.pending_why or f"phase {view.phase}"
+                raise InfraError(
+                    f"kubernetes: pod {pod} not scheduled within {limit:g} s "
+                    f"(target.kubernetes.schedule_timeout_s): {why[:300]} (the world's failure, "
+                    "not the configuration's; pod deleted)"
+                )
+            self._sleep(wait)
+            wait = min(wait * 2, self.section.poll_s)
+
+    def _delete(self, pod: str) -> None:
+        self._delete_names([f"pod/{pod}", f"secret/{secret_name(pod)}"])
+        if self.pod == pod:
+            self.pod = None
+
+    def _delete_names(self, names: Sequence[str]) -> None:
+        """Delete the objects and wait until they are gone (kubectl's wait, then a look)."""
+        wait_s = self.section.grace_period_s + self.timeouts.stop_s
+        res = self.run(
+            shell(delete_argv(self.section, names, wait_s)),
+            timeout=wait_s + self.section.command_timeout_s,
+        )
+        if not res.ok:
+            raise InfraError(f"kubernetes: kubectl delete {' '.join(names)} failed: {_said(res)}")
+        for name in names:
+            if name.startswith("pod/") and self.view(name[4:]) is not None:
+                raise InfraError(f"kubernetes: {name} still there {wait_s:g} s after delete")
+
+
+def _said(res: CommandResult) -> str:
+    lines = [ln.strip() for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+    return (lines[-1] if lines else f"exit {res.exit_code}")[:300]
+
+
+class KubeEndpoint:
+    """The way to the current pod's port: a `kubectl port-forward` on this machine (its own
+    process group, the marker in its environment so a killed run's is found), started when the
+    pod is there, restarted when it ends while the pod runs (a break) or the pod changes."""
+
+    def __init__(self, runtime: KubeRuntime, *, retry_s: float = 0.5):
+        self.runtime = runtime
+        self.retry_s = retry_s
+        self.local = _free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._out: Path | None = None
+        self._pod: str | None = None
+        self._remote: int | None = None
+        self._up = False  # the current forward said it listens
+        self._breaks = 0
+        self._next = 0.0
+        self._fatal: str | None = None  # kubectl cannot forward at all (missing, forbidden)
+
+    def url(self, port: int) -> str:
+        self._ensure(port)
+        return url_for("127.0.0.1", self.local)
+
+    def describe(self, port: int) -> str:
+        pod = self.runtime.pod or "(none yet)"
+        return f"kubectl port-forward 127.0.0.1:{self.local} -> pod {pod} port {port}"
+
+    def unreachable(self) -> str | None:
+        return self._fatal
+
+    def connects(self, port: int, timeout_s: float) -> bool | None:
+        self._ensure(port)
+        if self._fatal:
+            return None
+        if not self._up:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", self.local), timeout=timeout_s):
+                return True
+        except OSError:
+            return False
+
+    def breaks(self) -> int:
+        self._ensure(self._remote or 0)
+        return self._breaks
+
+    def close(self) -> None:
+        self._stop()
+        self._pod = None
+
+    # -- the forward process ------------------------------------------------------------------
+
+    def _ensure(self, port: int) -> None:
+        pod = self.runtime.pod
+        if pod != self._pod or (port and port != self._remote):
+            self._stop()
+            self._pod, self._remote = pod, port or self._remote
+        if pod is None or self._remote is None:
+            return
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self._proc is not None:  # it ended by itself
+            was_up, why = self._up, self._last_line()
+            self._stop()
+            if was_up and self._pod_runs(pod):
+                self._breaks += 1
+                log.warning(
+                    "kubectl port-forward to pod %s ended (%s); starting it again", pod, why
+                )
+        if time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.retry_s
+            self._start(pod, self._remote)
+
+    def _pod_runs(self, pod: str) -> bool:
+        try:
+            view = self.runtime.view(pod)
+        except InfraError:
+            return True  # the API server away: the way broke all the same
+        return view is not None and view.started and view.exit_code is None and not view.world
+
+    def _start(self, pod: str, remote: int) -> None:
+        fd, out = tempfile.mkstemp(prefix="tuner-port-forward-", suffix=".log")
+        self._out = Path(out)
+        env = {**os.environ, **self.runtime.env}
+        if self.runtime.marker:
+            env[MARKER_VAR] = self.runtime.marker
+        argv = port_forward_argv(self.runtime.section, pod, self.local, remote)
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._fatal = f"cannot run {argv[0]}: {exc}"
+            self._stop()
+            return
+        finally:
+            os.close(fd)
+        deadline = time.monotonic() + FORWARD_START_S
+        while time.monotonic() < deadline:
+            text = self._out.read_text(errors="replace")
+            if "Forwarding from" in text:
+                self._up, self._fatal = True, None
+                return
+            if self._proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        why = self._last_line()
+        if re.search(r"forbidden|unauthorized", why, re.I):
+            self._fatal = f"kubectl port-forward to pod {pod} refused: {why}"
+        elif re.search(r"address already in use", why, re.I):
+            self.local = _free_port()  # someone took our port: the URL follows (`following`)
+        self._stop()
+
+    def _last_line(self) -> str:
+        if self._out is None or not self._out.exists():
+            return ""
+        lines = [
+            ln.strip() for ln in self._out.read_text(errors="replace").splitlines() if ln.strip()
+        ]
+        return lines[-1][:300] if lines else ""
+
+    def _stop(self) -> None:
+        proc, self._proc, self._up = self._proc, None, False
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        if self._out is not None:
+            with contextlib.suppress(OSError):
+                self._out.unlink()
+            self._out = None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kube_parts(
+    target: TargetSection, host: Host, env: Mapping[str, str], marker: str | None
+) -> tuple[KubeRuntime, KubeEndpoint]:
+    """The runtime and the endpoint of a `target.kubernetes` study (api.build_seams)."""
+    assert target.kubernetes is not None
+    runtime = KubeRuntime(host, target.kubernetes, env, marker, target.timeouts)
+    return runtime, KubeEndpoint(runtime)
