@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.check import connect, httppath, machine, reading, sglang, slurm
+from tuner.check import connect, httppath, kube, machine, reading, sglang, slurm
 from tuner.check.lines import FAIL, CheckLine, fail, skip
 from tuner.check.probe import Deadlines, Probe
 from tuner.config.schema import StudyConfig
@@ -37,6 +37,10 @@ CHECKS: tuple[Check, ...] = (
     Check("workdir", "workdir", connect.workdir, ("shell",)),
     Check("slurm", "slurm", slurm.commands, ("shell",)),  # target.slurm only (`planned`)
     Check("partition", "partition", slurm.partition, ("slurm",)),
+    Check("kubectl", "kubectl", kube.client, ("shell",)),  # target.kubernetes only
+    Check("namespace", "namespace", kube.namespace, ("kubectl",)),
+    Check("pod rights", "pod rights", kube.rights, ("namespace",)),
+    Check("gpu nodes", "gpu nodes", kube.nodes, ("namespace",)),
     Check("sglang", "sglang", sglang.version, ("workdir",)),
     Check("flags", "flags", sglang.flags, ("workdir",)),
     Check("gpus", "gpus", machine.gpus, ("shell",)),
@@ -50,15 +54,21 @@ CHECKS: tuple[Check, ...] = (
     Check("http path", "http path", httppath.http_path, ("port",)),
 )
 #: what `tuner tune` checks before its first trial: cheap, and each a certain night-killer
-NIGHT = ("ssh", "shell", "workdir", "slurm", "flags")
+NIGHT = ("ssh", "shell", "workdir", "slurm", "kubectl", "namespace", "flags")
 #: the checks of a study whose target has `slurm:`
 SLURM = frozenset({"slurm", "partition"})
+#: the checks of a study whose target has `kubernetes:`
+KUBE = frozenset({"kubectl", "namespace", "pod rights", "gpu nodes"})
 
 
 def planned(checks: tuple[Check, ...], cfg: StudyConfig | None) -> tuple[Check, ...]:
-    """The checks that apply to the study (the Slurm lines only with target.slurm)."""
+    """The checks that apply to the study (the Slurm lines only with target.slurm, the
+    Kubernetes lines only with target.kubernetes)."""
     slurm_ = cfg is not None and cfg.target.slurm is not None
-    return tuple(c for c in checks if slurm_ or c.key not in SLURM)
+    kube_ = cfg is not None and cfg.target.kubernetes is not None
+    return tuple(
+        c for c in checks if (slurm_ or c.key not in SLURM) and (kube_ or c.key not in KUBE)
+    )
 
 
 def run_checks(
@@ -93,6 +103,9 @@ def _run(checks: tuple[Check, ...], probe: Probe, *, stop_at_fail: bool = False)
             continue
         if check.key in slurm.ON_NODE and probe.cfg.target.slurm is not None:
             lines.append(slurm.on_node(check.label))
+            continue
+        if check.key in kube.ON_POD and probe.cfg.target.kubernetes is not None:
+            lines.append(kube.on_pod(check.label))
             continue
         line = _one(check, probe)
         lines.append(line)

@@ -88,7 +88,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         phase,
         scheduled,
         pending_why,
-        bool(running) or isinstance(ended, dict),
+        isinstance(running, dict) or isinstance(ended, dict),
         int(code) if isinstance(code, int) else None,
         world,
         setup,

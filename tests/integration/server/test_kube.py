@@ -45,11 +45,13 @@ pytestmark = pytest.mark.slow
 T = Timeouts(ready_s=30, stop_s=10, port_free_s=2, gpu_free_s=5, poll_s=0.05, http_s=2)
 LAUNCH = ["python3", "-m", "sglang.launch_server"]
 KEY = "sk-kube-" + secrets.token_hex(8)
+#: the simulator in each pod, starting at once (the server-level tests restart it often)
+FAST = ("--sim-profile", "llama-3.1-8b-h100", "--sim-startup-seconds", "0")
 
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeKubectl]:
-    kube = FakeKubectl(tmp_path / "kube")
+    kube = FakeKubectl(tmp_path / "kube", sim_args=FAST)
     yield kube
     left = kube.cleanup()
     assert not left, f"pod processes left running: {left}"
@@ -157,37 +159,24 @@ def test_a_server_runs_as_a_pod_is_reached_by_port_forward_and_deleted(
 def test_a_killed_runs_pod_is_found_by_its_label_and_deleted(
     tmp_path: Path, fake: FakeKubectl, marker: str
 ) -> None:
-    """The tuner and its follower killed -9: the pod runs on; a later run that never saw it
-    deletes it (and its Secret) by the worker's label before anything else."""
+    """The tuner and its follower killed -9: the pod runs on; another worker's run leaves it,
+    a later run of this worker that never saw it deletes it (and its Secret) by the label."""
     server, _, endpoint = podded(fake, marker)
-    port = free_port()
     try:
-        res = server.restart(spec(fake, port), str(tmp_path / "a.log"))
+        res = server.restart(spec(fake, free_port()), str(tmp_path / "a.log"))
         assert res.ok, res
-        kill_marked(marker)  # the follower and the port-forward, as with the tuner's death
-        assert_group_gone(res.pgid)
-        (stray,) = fake.pods()
-        task = fake.pod_pids(stray)
-        assert task and fake.pods()[stray]["status"]["phase"] == "Running"
     finally:
         endpoint.close()
-
-    later, runtime, endpoint2 = podded(fake, marker)  # a later run: never saw the pod
-    try:
-        assert later.stop_strays() == []
-        assert fake.pods() == {} and fake.secrets() == {} and gone(task)
-        res = later.restart(spec(fake, port), str(tmp_path / "b.log"))
-        assert res.ok, res
-        later.stop()
-        # another worker's pods are not ours
-        other, _, endpoint3 = podded(fake, marker + "-other")
-        res = later.restart(spec(fake, port), str(tmp_path / "c.log"))
-        assert res.ok, res
-        assert other.stop_strays() == [] and len(fake.pods()) == 1
-        later.stop()
-        endpoint3.close()
-    finally:
-        endpoint2.close()
+    kill_marked(marker)  # the follower, as with the tuner's death
+    assert_group_gone(res.pgid)
+    (stray,) = fake.pods()
+    task = fake.pod_pids(stray)
+    assert task and fake.pods()[stray]["status"]["phase"] == "Running"
+    other, _, _ = podded(fake, marker + "-other")
+    assert other.stop_strays() == [] and list(fake.pods()) == [stray]  # not its pod
+    later, _, _ = podded(fake, marker)  # a later run: never saw the pod
+    assert later.stop_strays() == []
+    assert fake.pods() == {} and fake.secrets() == {} and gone(task)
 
 
 def test_a_pod_pending_past_its_deadline_is_the_worlds_failure_with_the_reason(
@@ -281,43 +270,19 @@ def kube_study(tmp_path: Path, fake: FakeKubectl, name: str, **kube: object) -> 
     return study
 
 
-@pytest.mark.parametrize(
-    ("edit", "key", "said"),
-    [
-        ({"gpus": -1}, "target.kubernetes.gpus", "greater than or equal to 0"),
-        ({"namespace": "Bad_NS"}, "target.kubernetes.namespace", "lower-case letters"),
-        (
-            {"pod_patch": {"spec": {"restartPolicy": "Always"}}},
-            "target.kubernetes.pod_patch",
-            "spec.restartPolicy is not allowed",
-        ),
-        (
-            {"slurm": {"partition": "gpu", "gpus": 1, "time": "1h"}},
-            "target.kubernetes",
-            "cannot be combined with target.slurm",
-        ),
-        ({"host": "gpu-box"}, "target.host", "kubectl runs where the tuner runs"),
-        ({"server": {"nnodes": 2}}, "server.nnodes", "LeaderWorkerSet"),
-    ],
-)
-def test_bad_kubernetes_input_is_one_line_and_exit_2(
-    tmp_path: Path, fake: FakeKubectl, edit: dict, key: str, said: str
-) -> None:
-    study = kube_study(tmp_path, fake, "bad")
-    data = yaml.safe_load(study.read_text())
-    for k, v in edit.items():
-        if k in ("gpus", "namespace", "pod_patch"):
-            data["target"]["kubernetes"][k] = v
-        elif k == "server":
-            data["server"].update(v)
-        else:
-            data["target"][k] = v
-    study.write_text(yaml.safe_dump(data, sort_keys=False))
+def test_bad_kubernetes_input_is_one_line_and_exit_2(tmp_path: Path, fake: FakeKubectl) -> None:
+    """One of the section's mistakes through the CLI (the rest: tests/unit/server/test_kube_manifest.py)."""
+    study = kube_study(tmp_path, fake, "bad", pod_patch={"spec": {"restartPolicy": "Always"}})
     out = tuner("tune", str(study), "--runs-dir", str(tmp_path / "runs"), timeout=60)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{key}: " in lines[0] and said in lines[0], lines
+    assert len(lines) == 1 and "target.kubernetes.pod_patch: " in lines[0], lines
+    assert "spec.restartPolicy is not allowed" in lines[0]
     assert not (tmp_path / "runs").exists() and fake.calls() == []
+
+
+#: the checks the later runs of the check test need (the connection's first: it opens the host)
+KEYS = ("ssh", "shell", "kubectl", "namespace", "gpu nodes")
 
 
 def test_check_says_whether_the_cluster_can_hold_the_pod(tmp_path: Path) -> None:
@@ -343,15 +308,18 @@ def test_check_says_whether_the_cluster_can_hold_the_pod(tmp_path: Path) -> None
     )
     assert lines["port"].status == "skip" and "pod" in lines["port"].detail
     more = {
-        x.name: x for x in run_checks(kube_study(tmp_path, fake, "chk2", gpus=16, namespace="nope"))
+        x.name: x
+        for x in run_checks(
+            kube_study(tmp_path, fake, "chk2", gpus=16, namespace="nope"), keys=KEYS
+        )
     }
     assert more["namespace"].status == FAIL and "nope" in more["namespace"].detail
     assert more["gpu nodes"].status == "skip"
-    few = {x.name: x for x in run_checks(kube_study(tmp_path, fake, "chk3", gpus=16))}
+    few = {x.name: x for x in run_checks(kube_study(tmp_path, fake, "chk3", gpus=16), keys=KEYS)}
     assert few["gpu nodes"].status == FAIL and "at most 8" in few["gpu nodes"].detail
-    assert not [c for c in fake.calls() if "create" in c]  # check creates nothing
+    assert not [c for c in fake.calls() if "-f" in c]  # check creates nothing
     blind = FakeKubectl(tmp_path / "kube2", denied=("list nodes",))
-    hidden = {x.name: x for x in run_checks(kube_study(tmp_path, blind, "chk4"))}
+    hidden = {x.name: x for x in run_checks(kube_study(tmp_path, blind, "chk4"), keys=KEYS)}
     assert hidden["gpu nodes"].status == WARN and "cannot list nodes" in hidden["gpu nodes"].detail
 
 
@@ -386,13 +354,10 @@ def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
         final = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert final.returncode == 0, final.stderr[-2000:]
         calls = fake.calls()[t0:]
-        first_create = next(i for i, c in enumerate(calls) if "create" in c)
-        deletes = [c for c in calls[:first_create] if "delete" in c]
-        assert (
-            deletes
-            and "pods,secrets" in deletes[0]
-            and any("tuner/marker=" in a for a in deletes[0])
-        )
+        first_create = next(i for i, c in enumerate(calls) if "-f" in c)
+        before = [" ".join(c) for c in calls[:first_create]]
+        listed = next(i for i, c in enumerate(before) if "get pods,secrets -l tuner/marker=" in c)
+        assert any(f"delete pod/{stray} " in c for c in before[listed:])
         assert gone(task) and fake.pods() == {} and fake.secrets() == {}
         assert marked_groups(marker) == {}
         assert (runs / "kubey" / "best.yaml").exists()
