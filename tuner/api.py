@@ -158,7 +158,8 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         slurm, endpoint = slurm_parts(cfg.target, host, launch.env, marker)
         runtime, hold, release = slurm, slurm.hold, slurm.release
     elif cfg.target.kubernetes is not None:  # each server a pod, reached by port-forward
-        runtime, endpoint = kube_parts(cfg.target, host, launch.env, marker)
+        kube, endpoint = kube_parts(cfg.target, host, launch.env, marker)
+        runtime, release = kube, kube.release  # no pod of the study outlives it
     server = Server(
         host,
         cfg.target.timeouts,
@@ -169,7 +170,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         keep_logs=cfg.target.workdir is not None,  # else in the host's /tmp: removed when read
     )
     run_load = load_runner(cfg, requests, api_key, endpoint)
-    if runtime is not None and runtime.remote:  # the node (the forward) is known per server
+    if release is not None:  # the server's node (a pod's forward) is known once it runs
         run_load = following(run_load, endpoint, cfg.target.port)
     runner = TrialRunner(
         cfg,
@@ -380,7 +381,7 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
     the target), not only the total the study file states: another tenant's memory is not the
     server's. Not for the simulator (its host RAM is its profile's), nor when it cannot be read
     (then the study file's figure stands, as before)."""
-    if seams.launch.simulated or (isinstance(seams.server, Server) and seams.server.runtime.remote):
+    if seams.launch.simulated or seams.release is not None:
         return  # a Slurm study's host is the login node, a pod's this machine: not the server's
     try:
         res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)

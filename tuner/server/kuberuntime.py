@@ -180,7 +180,7 @@ class KubeRuntime:
         for obj in found:
             meta = obj.get("metadata") or {}
             log.warning(
-                "%s: deleting %s %s left by an earlier run",
+                "%s: deleting %s %s of this worker (an earlier run's, or one not deleted)",
                 self.host.name,
                 str(obj.get("kind", "object")).lower(),
                 meta.get("name"),
@@ -224,6 +224,12 @@ class KubeRuntime:
             f"target.kubernetes: the pod cannot start: {mask(why)[:300]}; check "
             "target.kubernetes.image and pod_patch"
         )
+
+    def release(self) -> None:
+        """The study ended (its last server stopped): delete any pod or Secret of ours still
+        there (one whose deletion failed), so none outlives the study."""
+        self.stop_strays(lambda: ())
+        self.pod = None
 
     # -- kubectl ------------------------------------------------------------------------------
 

@@ -326,9 +326,13 @@ def test_check_says_whether_the_cluster_can_hold_the_pod(tmp_path: Path) -> None
 def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
     tmp_path: Path, fake: FakeKubectl
 ) -> None:
-    """`tuner tune` killed -9 mid-load, its follower and port-forward too: the rerun deletes
+    """`tuner tune` killed -9 mid-trial, its follower and port-forward too: the rerun deletes
     the orphaned pod (found by the worker's label) before its first create, and finishes."""
     study = kube_study(tmp_path, fake, "kubey")
+    data = yaml.safe_load(study.read_text())
+    data["workload"]["duration_s"] = 1.5  # the rerun's one trial: its load is not the point
+    data["objective"]["slo"]["p99_ttft_ms"] = 1000
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
     runs = tmp_path / "runs"
     argv = [*TUNER, "tune", str(study), "--runs-dir", str(runs), "--worker", "w", "--no-progress"]
     marker = marker_for("kubey", "w", runs / "kubey")
@@ -339,9 +343,9 @@ def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
                 argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
             )
         deadline = time.monotonic() + 120
-        while not _phase(runs, "load"):
+        while not _phase(runs, "warmup"):  # its pod ready and serving
             assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
-            assert time.monotonic() < deadline, "no load phase within 120 s"
+            assert time.monotonic() < deadline, "no warm-up within 120 s"
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
