@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -27,16 +28,16 @@ from typing import Any
 #: the follower's own lines in the server log
 WORLD = "tuner-kube: the cluster ended the pod: "
 SETUP = "tuner-kube: the pod cannot start: "
-#: a waiting container that will not start for the user's setup (the image, its config)
+#: a waiting container that will not start for the user's setup (the image name, its config)
 SETUP_WAITING = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-    }
+    {"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError"}
+)
+#: a pull that failed: the user's when the registry refused the reference (a typo, no access);
+#: a registry or network that did not answer is the world's (the kubelet retries, the start's
+#: deadline ends it). ImagePullBackOff's own message has no detail: its ErrImagePull turns say
+PULL_FAILED = frozenset({"ErrImagePull", "ImagePullBackOff"})
+_PULL_REFUSED = re.compile(
+    r"not found|denied|unauthorized|manifest unknown|does not exist|invalid reference", re.I
 )
 #: a terminated container's reason that says its node went away, not the server
 WORLD_TERMINATED = frozenset({"ContainerStatusUnknown"})
@@ -55,6 +56,7 @@ class PodView:
     exit_code: int | None  # the terminated container's
     world: str | None  # the cluster ended it (evicted, node lost, preempted): why
     setup: str | None  # it cannot start for the user's setup (image, config): why
+    waiting: str = ""  # the container's waiting reason and message (ContainerCreating, ...)
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:
@@ -82,8 +84,11 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     elif phase == "Unknown":
         world = "the pod's node stopped reporting (phase Unknown)"
     setup = None
-    if isinstance(waiting, dict) and waiting.get("reason") in SETUP_WAITING:
-        setup = _said(waiting.get("reason"), waiting.get("message"))
+    if isinstance(waiting, dict):
+        why = _said(waiting.get("reason"), waiting.get("message"))
+        reason = waiting.get("reason")
+        if reason in SETUP_WAITING or (reason in PULL_FAILED and _PULL_REFUSED.search(why)):
+            setup = why
     return PodView(
         phase,
         scheduled,
@@ -92,6 +97,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         int(code) if isinstance(code, int) else None,
         world,
         setup,
+        _said(waiting.get("reason"), waiting.get("message")) if isinstance(waiting, dict) else "",
     )
 
 
@@ -138,6 +144,9 @@ def follow(kubectl: list[str], pod: str, poll_s: float) -> int:
             return 1
         if view.started:
             break
+        if view.waiting and view.waiting != said:  # the evidence of a start that times out
+            said = view.waiting
+            print(f"tuner-kube: pod {pod} waiting: {said}", flush=True)
         time.sleep(wait)
         wait = min(wait * 2, poll_s)
     tail: list[str] = []

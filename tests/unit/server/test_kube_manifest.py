@@ -229,18 +229,19 @@ def test_pod_status_tells_pending_running_ended_and_whose_failure() -> None:
     )
     assert lost.world and "ContainerStatusUnknown" in lost.world
     assert pod_view(_pod(phase="Unknown")).world
-    image = pod_view(
-        _pod(
-            phase="Pending",
-            containerStatuses=[
-                {
-                    "name": "sglang",
-                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "bad"}},
-                }
-            ],
+
+    def pull(reason: str, message: str):
+        state = {"waiting": {"reason": reason, "message": message}}
+        return pod_view(
+            _pod(phase="Pending", containerStatuses=[{"name": "sglang", "state": state}])
         )
-    )
-    assert image.setup == "ImagePullBackOff: bad" and image.world is None
+
+    refused = pull("ErrImagePull", "pull access denied for x, repository does not exist")
+    assert refused.setup and refused.setup.startswith("ErrImagePull: pull access denied")
+    assert pull("ErrImagePull", "dial tcp: i/o timeout").setup is None  # the registry's: waited
+    assert pull("ImagePullBackOff", 'Back-off pulling image "x"').setup is None
+    assert pull("InvalidImageName", "bad").setup == "InvalidImageName: bad"
+    assert pull("ContainerCreating", "").waiting == "ContainerCreating"
     creating = pod_view(
         _pod(
             phase="Pending",
