@@ -135,7 +135,11 @@ class FleetRun:
         if kind == "eof":
             open_streams[worker] -= 1
             if open_streams[worker] == 0:  # both pipes closed: the worker is ending
-                code = self.procs[worker].wait()
+                proc = self.procs[worker]
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+                code = proc.wait()
                 ends[worker] = WorkerEnd(worker, code, last.get(worker, ""))
                 self.display.ended(worker, ended_line(ends[worker]))
             return
