@@ -90,10 +90,22 @@ def run_fleet(
         except (KeyError, optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError):
             return None  # the display misses a line; the study is not affected
 
+    def read_trials() -> tuple[Any, ...]:
+        try:
+            return tuple(study.get_trials(deepcopy=False))
+        except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError):
+            return ()  # the display counts from zero; the study is not affected
+
     workers = cfg.fleet.names()
     console = Console(stderr=True, soft_wrap=True)
     display = fleet_display_for(cfg, workers, console, plain=args.no_progress)
-    fleet = FleetRun(workers, lambda w: worker_argv(args, runs_dir, w), display, read_trial)
+    fleet = FleetRun(
+        workers,
+        lambda w: worker_argv(args, runs_dir, w),
+        display,
+        read_trial,
+        read_trials=read_trials,
+    )
     with interrupts(), display:
         display.message(
             None,

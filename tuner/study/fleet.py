@@ -25,9 +25,10 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
+from tuner.watch.events import RunStarted
 from tuner.watch.pipe import decode
 
 #: how often the fleet looks at its workers when none has anything to say (seconds)
@@ -63,7 +64,8 @@ class FleetRun:
     """Starts the workers, feeds the display, stops them on Ctrl-C, returns how each ended.
 
     `argv_for(worker)` is a worker's command line; `read_trial(number)` a finished trial from
-    the study (None if it cannot be read now); `display` takes the fleet display's calls."""
+    the study (None if it cannot be read now), `read_trials()` all of them; `display` takes the
+    fleet display's calls."""
 
     def __init__(
         self,
@@ -72,11 +74,14 @@ class FleetRun:
         display: Any,
         read_trial: Callable[[int], Any],
         env: Mapping[str, str] | None = None,
+        read_trials: Callable[[], tuple[Any, ...]] | None = None,
     ):
         self.workers = list(workers)
         self.argv_for = argv_for
         self.display = display
         self.read_trial = read_trial
+        #: the study's trials now: a worker's RunStarted carries them (its pipe leaves them out)
+        self.read_trials = read_trials
         self.env = dict(env) if env is not None else None
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.interrupted = False
@@ -158,6 +163,8 @@ class FleetRun:
                 self.display.trial(worker, trial)
         elif event[0] == "message":
             self.display.message(worker, event[1])
+        elif isinstance(event[1], RunStarted) and self.read_trials is not None:
+            self.display.progress(worker, replace(event[1], trials=self.read_trials()))
         else:
             self.display.progress(worker, event[1])
 

@@ -27,7 +27,14 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.config.schema import StudyConfig
-from tuner.watch.events import ProgressEvent, TrialStarted, duration, param_text, trial_line
+from tuner.watch.events import (
+    ProgressEvent,
+    RunStarted,
+    TrialStarted,
+    duration,
+    param_text,
+    trial_line,
+)
 from tuner.watch.live import (
     PlainLines,
     best_text,
@@ -43,9 +50,9 @@ FLEET = "fleet"
 
 
 def render_fleet(views: dict[str, View], ended: dict[str, str]) -> RenderableType:
-    """One frame: the study's rows from the first worker's view (every watch counts every
-    trial), then a row per worker. Pure."""
-    first = next(iter(views.values()))
+    """One frame: the study's rows from the first begun worker's view (every watch counts
+    every trial), then a row per worker. Pure."""
+    first = next((v for v in views.values() if v.n_trials), next(iter(views.values())))
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -85,6 +92,7 @@ class FleetLive:
         self.console = console
         clock = clock or time.monotonic
         self.watches = {w: StudyWatch(clock) for w in workers}
+        self.begun: set[str] = set()  # workers whose RunStarted came (it counts the study)
         self.endings: dict[str, str] = {}
         self._started: dict[int, float] = {}
         self.live = Live(
@@ -107,11 +115,16 @@ class FleetLive:
         watch = self.watches[worker]
         if isinstance(event, TrialStarted) and not event.confirm:
             self._started[event.number] = watch.clock()
+        if isinstance(event, RunStarted):
+            self.begun.add(worker)
         watch.take(event)
 
     def trial(self, worker: str, t: FrozenTrial) -> None:
         for name, watch in self.watches.items():
-            (watch.finished if name == worker else watch.counted)(t)
+            if name == worker:
+                watch.finished(t)
+            elif name in self.begun:  # else its RunStarted, read later, holds this trial
+                watch.counted(t)
         t0 = self._started.pop(t.number, None)
         took = f" in {duration(self.watches[worker].clock() - t0)}" if t0 is not None else ""
         self.message(worker, trial_line(self.cfg, t) + took)
@@ -137,6 +150,7 @@ class FleetPlain:
     ):
         self.lines = {w: PlainLines(cfg, write, clock, prefix=f"{w}: ") for w in workers}
         self.fleet = PlainLines(cfg, write, clock, prefix=f"{FLEET}: ")
+        self.begun: set[str] = set()  # workers whose RunStarted came (it counts the study)
 
     def __enter__(self) -> FleetPlain:
         return self
@@ -145,13 +159,15 @@ class FleetPlain:
         return None
 
     def progress(self, worker: str, event: ProgressEvent) -> None:
+        if isinstance(event, RunStarted):
+            self.begun.add(worker)
         self.lines[worker].progress(event)
 
     def trial(self, worker: str, t: FrozenTrial) -> None:
         for name, lines in self.lines.items():
             if name == worker:
                 lines.trial(t)  # its line, and the study's progress after it
-            else:
+            elif name in self.begun:  # else its RunStarted, read later, holds this trial
                 lines.watch.counted(t)
 
     def message(self, worker: str | None, text: str) -> None:

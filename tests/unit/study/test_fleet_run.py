@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.paths import REPO
 from tuner.study.fleet import FleetRun, WorkerEnd, ended_line, fleet_exit_code
-from tuner.watch.events import PhaseChanged
+from tuner.watch.events import PhaseChanged, RunStarted
 
 
 class Recorder:
@@ -64,7 +64,13 @@ def worker_script(code: int, lines: list[dict[str, Any]], err: str = "", wait: b
 def test_every_worker_runs_to_its_own_end_and_the_display_hears_each() -> None:
     scripts = {
         "a": worker_script(
-            0, [{"progress": "PhaseChanged", "number": 1, "phase": "load"}, {"trial": 1}]
+            0,
+            [
+                {"progress": "RunStarted", "study": "s", "n_trials": 4, "timeout_s": None}
+                | {"metric": "output_throughput", "confirm_runs": 0},
+                {"progress": "PhaseChanged", "number": 1, "phase": "load"},
+                {"trial": 1},
+            ],
         ),
         "b": worker_script(1, [{"message": "hello"}], err="tuner: stopped: the host is down"),
     }
@@ -74,11 +80,14 @@ def test_every_worker_runs_to_its_own_end_and_the_display_hears_each() -> None:
         lambda w: [sys.executable, "-c", scripts[w]],
         display,
         read_trial=lambda n: f"trial {n}",
+        read_trials=lambda: ("trial 0",),
     )
     ends = fleet.run()
     assert ends == [WorkerEnd("a", 0, ""), WorkerEnd("b", 1, "tuner: stopped: the host is down")]
     assert not fleet.interrupted and fleet_exit_code(ends, fleet.interrupted) == 1
     got = display.calls
+    # a resumed study's trials come from the study itself, not the pipe
+    assert ("progress", "a", RunStarted("s", 4, None, "output_throughput", 0, ("trial 0",))) in got
     assert ("progress", "a", PhaseChanged(1, "load")) in got
     assert ("trial", "a", "trial 1") in got
     assert ("message", "b", "hello") in got

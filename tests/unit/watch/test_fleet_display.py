@@ -89,3 +89,14 @@ def test_the_live_panel_has_a_row_per_worker() -> None:
     assert "stopped (exit 1): tuner: stopped: the host is down" in row_b
     printed = console.file.getvalue()
     assert "gpu-b: trial #2 ok" in printed
+
+
+def test_a_worker_that_begins_late_counts_each_trial_once() -> None:
+    lines: list[str] = []
+    d = FleetPlain(cfg(), ["gpu-a", "gpu-b"], lines.append, Clock())
+    d.progress("gpu-a", RunStarted("s", 4, None, "output_throughput", 0))
+    early = finished(1, 100.0, Status.OK, True)
+    d.trial("gpu-a", early)  # before gpu-b's RunStarted, which the fleet reads from the study
+    d.progress("gpu-b", RunStarted("s", 4, None, "output_throughput", 0, trials=(early,)))
+    assert d.lines["gpu-b"].watch.snapshot().counts.complete == 1
+    assert lines[-1].endswith("gpu-b: study s: 1/4 trials complete")
