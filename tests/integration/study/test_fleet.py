@@ -11,6 +11,7 @@ naming their worker. (Exit 0 when every worker ends well: tests/unit/study/test_
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from collections import Counter
@@ -65,7 +66,10 @@ def test_a_fleet_finishes_one_study_with_one_command_while_a_broken_worker_stops
         ports = (free_port(), free_port(), held.getsockname()[1])
         path = fleet_file(tmp_path, ports, n_trials=3)
         runs = tmp_path / "runs"
-        out = tuner("tune", str(path), "--runs-dir", str(runs), "--no-progress", timeout=180)
+        summary = tmp_path / "summary.json"
+        notify = f"cat > {summary}"  # the fleet's one notification, not one per worker
+        args = ("--runs-dir", str(runs), "--no-progress", "--notify", notify)
+        out = tuner("tune", str(path), *args, timeout=180)
     log = out.stderr[-4000:]
     assert out.returncode == 1, log  # a worker halted; the others finished
     names, complete, failed = trials_by_worker(runs)
@@ -82,3 +86,5 @@ def test_a_fleet_finishes_one_study_with_one_command_while_a_broken_worker_stops
     best = runs / "fleet" / "best.yaml"
     assert best.is_file() and out.stdout == best.read_text()
     assert out.stderr.count("best launch config written to") == 1
+    sent = json.loads(summary.read_text())
+    assert (sent["exit_code"], sent["study"], sent["best_yaml"]) == (1, "fleet", str(best))
