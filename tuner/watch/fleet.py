@@ -66,7 +66,7 @@ def render_fleet(views: dict[str, View], ended: dict[str, str]) -> RenderableTyp
         if worker in ended:
             workers.add_row(worker, Text(ended[worker], style="dim"), "", "")
             continue
-        now = "between trials"
+        now = ""  # the phase column says "between trials"
         if v.trial is not None:
             now = f"trial #{v.trial}: {param_text(v.params)}"
             if v.confirm:
