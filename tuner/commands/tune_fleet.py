@@ -28,8 +28,10 @@ FLEET_OF = "--fleet-of"
 def worker_argv(args: argparse.Namespace, runs_dir: Path, worker: str) -> list[str]:
     """A worker's command line: this run's study, storage, budget and seed, as the user gave
     them (a worker resolves the defaults as this run did)."""
-    argv = [sys.executable, "-m", "tuner", "tune", str(args.study_file), "--worker", worker]
-    argv += ["--runs-dir", str(runs_dir), FLEET_OF, str(os.getpid())]
+    # `--flag=value`: a value that starts with '-' is still a value; the path made absolute
+    study = os.path.abspath(args.study_file)
+    argv = [sys.executable, "-m", "tuner", "tune", study, f"--worker={worker}"]
+    argv += [f"--runs-dir={runs_dir}", f"{FLEET_OF}={os.getpid()}"]
     for flag, value in (
         ("--storage", args.storage),
         ("--n-trials", args.n_trials),
@@ -37,7 +39,7 @@ def worker_argv(args: argparse.Namespace, runs_dir: Path, worker: str) -> list[s
         ("--seed", args.seed),
     ):
         if value is not None:
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")
     return argv
 
 

@@ -89,18 +89,24 @@ class FleetRun:
 
     def run(self) -> list[WorkerEnd]:
         """Run every worker to its end; a Ctrl-C (KeyboardInterrupt) stops them all cleanly."""
-        for worker in self.workers:
-            self._spawn(worker)
-        open_streams = {w: 2 for w in self.workers}
-        last: dict[str, str] = {}
         ends: dict[str, WorkerEnd] = {}
-        while len(ends) < len(self.workers):
+        try:
+            for worker in self.workers:
+                if (failed := self._spawn(worker)) is not None:
+                    ends[worker] = failed
+                    self.display.ended(worker, ended_line(failed))
+        except KeyboardInterrupt:  # before every worker started: the rest never do
+            self.interrupted = True
+            self.stop()
+        open_streams = dict.fromkeys(self.procs, 2)
+        last: dict[str, str] = {}
+        while any(w not in ends for w in self.procs):
             try:
                 self._pump(open_streams, last, ends)
             except KeyboardInterrupt:
                 self.interrupted = True
                 self.stop()
-        return [ends[w] for w in self.workers]
+        return [ends.get(w) or WorkerEnd(w, 130, "not started: interrupted") for w in self.workers]
 
     def stop(self) -> None:
         """Ask every live worker to stop (SIGTERM: its trial and server end cleanly)."""
@@ -109,21 +115,27 @@ class FleetRun:
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     proc.send_signal(signal.SIGTERM)
 
-    def _spawn(self, worker: str) -> None:
-        proc = subprocess.Popen(
-            self.argv_for(worker),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=self.env,
-            start_new_session=True,  # the terminal's Ctrl-C is the fleet's to pass on
-        )
+    def _spawn(self, worker: str) -> WorkerEnd | None:
+        """Start `worker` (from this, the main thread: a worker's parent-death signal follows
+        the thread that started it); its end when it could not start, else None."""
+        try:
+            proc = subprocess.Popen(
+                self.argv_for(worker),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                env=self.env,
+                start_new_session=True,  # the terminal's Ctrl-C is the fleet's to pass on
+            )
+        except OSError as exc:  # no processes or files left: this worker's failure alone
+            return WorkerEnd(worker, 1, f"could not start: {exc}")
         self.procs[worker] = proc
         assert proc.stdout is not None and proc.stderr is not None
         for kind, stream in (("out", proc.stdout), ("err", proc.stderr)):
             threading.Thread(target=self._read, args=(worker, kind, stream), daemon=True).start()
+        return None
 
     def _read(self, worker: str, kind: str, stream: IO[str]) -> None:
         for line in stream:

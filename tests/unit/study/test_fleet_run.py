@@ -186,3 +186,39 @@ def test_the_line_for_each_end() -> None:
     assert ended_line(WorkerEnd("a", 0, "ignored")) == "ended (exit 0)"
     assert ended_line(WorkerEnd("a", 2, "tuner: error: x")) == "refused (exit 2): tuner: error: x"
     assert ended_line(WorkerEnd("a", -9)) == "killed by signal 9 (exit -9)"
+
+
+def test_a_worker_that_cannot_start_ends_alone(tmp_path: Path) -> None:
+    display = Recorder()
+    missing = str(tmp_path / "no-such-python")
+    argv = {"a": [sys.executable, "-c", worker_script(0, [])], "b": [missing]}
+    fleet = FleetRun(["a", "b"], argv.__getitem__, display, read_trial=lambda n: None)
+    ends = fleet.run()
+    assert [(e.worker, e.code) for e in ends] == [("a", 0), ("b", 1)]
+    assert ends[1].last.startswith("could not start: [Errno 2]")
+    assert fleet_exit_code(ends, fleet.interrupted) == 1
+
+
+def test_a_workers_command_line_is_this_runs_options_for_that_worker(tmp_path: Path) -> None:
+    from tuner.cli import build_parser
+    from tuner.commands.tune_fleet import worker_argv
+
+    parser = build_parser()
+    fleet = parser.parse_args(
+        ["tune", "s.yaml", "--storage", "sqlite:////x.db", "--n-trials", "9", "--seed", "3"]
+    )
+    argv = worker_argv(fleet, tmp_path / "runs", "-odd name")
+    assert argv[:3] == [sys.executable, "-m", "tuner"]
+    worker = parser.parse_args(argv[3:])  # as the worker's own `tuner` parses it
+    assert worker.study_file == str(Path("s.yaml").absolute())
+    assert (worker.worker, worker.runs_dir, worker.fleet_of) == (
+        "-odd name",
+        tmp_path / "runs",
+        os.getpid(),
+    )
+    assert (worker.storage, worker.n_trials, worker.seed, worker.timeout) == (
+        "sqlite:////x.db",
+        9,
+        3,
+        None,
+    )
