@@ -129,5 +129,27 @@ def run_fleet(
             display.message(None, f"no feasible configuration yet: see `tuner status {cfg.source}`")
             code = code or 1
     if notify is not None:
-        notify(exit_code=code, study=study, best_yaml=best_path)
+        notify(
+            exc=ending(ends, fleet.interrupted), exit_code=code, study=study, best_yaml=best_path
+        )
     return code
+
+
+def ending(ends: list[Any], interrupted: bool) -> BaseException | None:
+    """The fleet's end as the notify summary words one run's (report/summary.py): interrupted,
+    stopped (a worker halted: each such worker's line), failed (every worker refused the same
+    mistake), or None (every worker ended well)."""
+    from tuner.errors import HaltError, TunerError
+    from tuner.study.fleet import ended_line
+
+    if interrupted:
+        return KeyboardInterrupt()
+    bad = [e for e in ends if e.code != 0]
+    if not bad:
+        return None
+    why = "; ".join(f"worker {e.worker}: {ended_line(e)}" for e in bad)
+    return (
+        TunerError(why)
+        if len(bad) == len(ends) and {e.code for e in bad} == {2}
+        else HaltError(why)
+    )
