@@ -196,11 +196,13 @@ def tune(
     seed: int | None = None,
     events: Events | None = None,
     make_seams: Callable[[StudyConfig, str | None, str | None], Seams] | None = None,
+    export: bool = True,
 ) -> TuneResult:
     """Create or resume the study, run it to its budget, confirm the best, write best.yaml.
 
     `make_seams(cfg, api_key, marker)` replaces `build_seams` (and the host checks before it):
-    e.g. `tuner.sim.virtual.study.virtual_seams(seed)`, the study in virtual time.
+    e.g. `tuner.sim.virtual.study.virtual_seams(seed)`, the study in virtual time. `export`
+    False: no best.yaml (a fleet's worker: the fleet writes it once, when every worker ended).
 
     Raises TunerError for the user's mistakes (before anything is written), StudyBusyError when
     this study and worker already run elsewhere on this machine, HaltError when the world stops
@@ -248,7 +250,7 @@ def tune(
             result = TuneResult(study, tuning.stats)
             _run(cfg, tuning, seams, result, events, n_trials or cfg.budget.n_trials, timeout_s)
             result.reuses = seams.runner.reuses
-            if feasible_trials(study):
+            if export and feasible_trials(study):
                 result.best_path, result.best_yaml = write_best(cfg, study, out_dir)
                 say_others_running(study, worker, events)
         ended = True

@@ -81,15 +81,25 @@ def run_checks(
     `runs_dir` is the one `tuner tune` will use (which servers are its own lost ones)."""
     checks = CHECKS if keys is None else tuple(c for c in CHECKS if c.key in keys)
     line, cfg = connect.study_file(path)
-    checks = planned(checks, cfg)
     if cfg is None:
-        return [line, *(skip(c.label, f"skipped: {line.name} FAILed") for c in checks)]
-    probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines(), runs_dir=Path(runs_dir))
-    try:
-        return [line, *_run(checks, probe)]
-    finally:
-        if probe.host is not None:
-            probe.host.close()
+        return [
+            line,
+            *(skip(c.label, f"skipped: {line.name} FAILed") for c in planned(checks, cfg)),
+        ]
+
+    def on_target(cfg: StudyConfig) -> list[CheckLine]:
+        probe = Probe(cfg, Launch.of(cfg.target), deadlines or Deadlines(), runs_dir=Path(runs_dir))
+        try:
+            return _run(planned(checks, cfg), probe)
+        finally:
+            if probe.host is not None:
+                probe.host.close()
+
+    if cfg.fleet is not None:  # every worker's target (check/fleet.py)
+        from tuner.check.fleet import each_worker
+
+        return [line, *each_worker(cfg, on_target)]
+    return [line, *on_target(cfg)]
 
 
 def _run(checks: tuple[Check, ...], probe: Probe, *, stop_at_fail: bool = False) -> list[CheckLine]:

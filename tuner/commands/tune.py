@@ -51,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the study against the simulator's engine in virtual time (the launch must be "
         "`{python} -m tuner.sim --sim-profile NAME`): no processes, no HTTP, seconds per study",
     )
+    # a fleet's worker (commands/tune_fleet.py): the fleet's process id; not for users
+    p.add_argument("--fleet-of", type=int, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
 
@@ -84,10 +86,10 @@ def _duration(value: str) -> str:
 
 
 def _worker(value: str) -> str:
-    if not value.strip() or len(value) > 200 or not value.isprintable():
-        raise argparse.ArgumentTypeError(
-            f"expected a printable name of 1 to 200 characters, got {value!r}"
-        )
+    from tuner.config.fleet import worker_problem  # a fleet's names follow the same rule
+
+    if (problem := worker_problem(value)) is not None:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
@@ -156,8 +158,22 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
     # our own line per trial says more, and a failed trial is not a traceback the user must read
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    notify = notify_for(args.notify, cfg.notify)
-    display = display_for(cfg, console, plain=args.no_progress)
+    if cfg.fleet is not None and args.worker is None:
+        return _fleet(args, cfg, console, n_trials)
+    if cfg.fleet is not None:  # one worker of the fleet: its own target
+        from tuner.config.fleet import member_config
+
+        cfg = member_config(cfg, args.worker)
+    worker_of_fleet = args.fleet_of is not None
+    if worker_of_fleet:
+        from tuner.study.fleet import pdeathsig
+        from tuner.watch.pipe import EventPipe
+
+        pdeathsig(args.fleet_of)
+    notify = None if worker_of_fleet else notify_for(args.notify, cfg.notify)
+    display: Any = (
+        EventPipe(sys.stdout) if worker_of_fleet else display_for(cfg, console, args.no_progress)
+    )
     started = time.time()
     make_seams = None
     if args.virtual:
@@ -176,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 events=Events(display.trial, display.message, display.progress),
                 make_seams=make_seams,
+                export=not worker_of_fleet,  # the fleet writes best.yaml once
             )
     except BaseException as exc:
         if notify is not None:
@@ -190,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         f"server reuses, {s.duplicates} duplicates answered, {s.infra_failures} infrastructure failures"
     )
     code = 0
+    if worker_of_fleet:
+        return code
     if result.best_path is None or result.best_yaml is None:
         say(f"no feasible configuration yet: see `tuner status {cfg.source}`")
         code = 1
@@ -212,6 +231,23 @@ def run(args: argparse.Namespace) -> int:
             this_run=this_run,
         )
     return code
+
+
+def _fleet(args: argparse.Namespace, cfg: Any, console: Any, n_trials: int) -> int:
+    """A fleet file without --worker: every worker at once (commands/tune_fleet.py)."""
+    from types import SimpleNamespace
+
+    from tuner.commands.tune_fleet import run_fleet
+    from tuner.watch.notify import notify_for
+
+    notify = notify_for(args.notify, cfg.notify)
+    started = time.time()
+    say = SimpleNamespace(message=lambda text: console.print(text, markup=False, highlight=False))
+
+    def send(**kw: Any) -> None:
+        _notify(args, cfg, notify, say, started, n_trials=n_trials, **kw)
+
+    return run_fleet(args, cfg, interrupts, send if notify is not None else None)
 
 
 def _notify(

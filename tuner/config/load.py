@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tuner.config.fleet import check_members
 from tuner.config.schema import StudyConfig, parse_schema
 from tuner.config.validate import check_study
 from tuner.config.yamlfile import load_yaml
@@ -16,6 +17,7 @@ def parse_study(data: Any, source: str = "<study>") -> StudyConfig:
     """Validate an already-parsed mapping; raise ConfigError naming the first bad key."""
     cfg = parse_schema(data, source)
     check_study(cfg)
+    check_members(cfg, check_study)  # a fleet's: each worker's target against the rest
     return cfg
 
 

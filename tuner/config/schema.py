@@ -28,6 +28,8 @@ from tuner.config.base import (
     port_problem,
     user_loc,
 )
+from tuner.config.fleet import KEY as FLEET_KEY
+from tuner.config.fleet import Fleet, parse_fleet
 from tuner.config.objective import ObjectiveSection
 from tuner.config.space import FlagValue, ParamSpec
 from tuner.config.target import TargetSection
@@ -113,6 +115,8 @@ class StudyConfig(Model):
     storage: str | None = Field(None, min_length=1)  # an optuna storage URL; None = SQLite
     notify: NotifySection | None = None  # not in the fingerprint: it changes no measurement
     source: str = Field("", exclude=True)  # the file it came from (not part of the fingerprint)
+    #: `fleet:` (config/fleet.py), set by parse_schema after the rest validates
+    fleet: Fleet | None = Field(None, exclude=True)
 
     @field_validator("study")
     @classmethod
@@ -286,6 +290,10 @@ def parse_schema(data: Any, source: str = "<study>") -> StudyConfig:
     if found := number_problem(data):
         path, msg = found
         raise ConfigError(msg, file=source, key=".".join(path) or None)
+    if FLEET_KEY in data:  # each worker's target judged as the study's would be
+        cfg = parse_schema({k: v for k, v in data.items() if k != FLEET_KEY}, source)
+        fleet = parse_fleet(data[FLEET_KEY], data, source, lambda d: parse_schema(d, source))
+        return cfg.model_copy(update={"fleet": fleet})
     try:
         return StudyConfig.model_validate({**data, "source": source})
     except ValidationError as exc:

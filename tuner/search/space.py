@@ -217,7 +217,8 @@ def _target_as_hashed(cfg: StudyConfig) -> dict[str, Any]:
     environment, the container's options) is hashed only when set, so a study made before
     keeps its hash; environment values may be secrets, so each is hashed on its own first (the
     fingerprint is stored)."""
-    target = cfg.target
+    # a fleet's workers share the study: its file's own target: is hashed (config/fleet.py)
+    target = cfg.fleet.base_target if cfg.fleet is not None else cfg.target
     out: dict[str, Any] = {"launch": target.launch, "gpus": target.gpus}
     if target.env:  # SGLANG_*, NCCL_*, ... change the server's behaviour
         out["env"] = {k: _digest(v) for k, v in sorted(target.env.items())}

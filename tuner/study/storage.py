@@ -270,12 +270,17 @@ def make_storage(url: str, infra_retries: int, *, outage_s: float | None = None)
             )
 
     try:
-        return create()
+        storage = create()
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
         error = storage_error(url, exc.__cause__ or exc)
         if DISK_FULL in error.detail:
             raise InfraError(f"cannot write {_where(url)}: {DISK_FULL}") from None
         raise error from None
+    if url.startswith("sqlite"):  # a fleet's workers write it from several processes
+        from tuner.study.sqlitetx import immediate_transactions
+
+        immediate_transactions(storage)
+    return storage
 
 
 #: SQLite's words for a write that found no room (SQLITE_FULL)

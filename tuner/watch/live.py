@@ -196,9 +196,11 @@ class PlainLines:
         cfg: StudyConfig,
         write: Callable[[str], None],
         clock: Callable[[], float] | None = None,
+        prefix: str = "",
     ):
         self.cfg = cfg
         self.write = write
+        self.prefix = prefix  # a fleet's worker: `gpu-a: ` after the timestamp
         self.watch = StudyWatch(clock or time.monotonic)
         self._started: dict[int, float] = {}
         self._last_load = -float("inf")
@@ -212,7 +214,7 @@ class PlainLines:
     def _line(self, text: str) -> None:
         for part in text.splitlines() or [""]:
             if part.strip():
-                self.write(stamp(part))
+                self.write(stamp(self.prefix + part))
 
     def progress(self, event: ProgressEvent) -> None:
         before, took = self.watch.phase_elapsed()

@@ -149,6 +149,14 @@ class StudyWatch:
             self._current = None
             self._set_phase(None)
 
+    def counted(self, trial: FrozenTrial) -> None:
+        """Fold in a trial another worker of the study finished (a fleet): the counts, the best
+        and the pace move; this worker's own trial and phase do not."""
+        with self._lock:
+            self._count(trial)
+            if trial.state == TrialState.COMPLETE:
+                self._done_here += 1
+
     def phase_elapsed(self) -> tuple[str | None, float]:
         """The current phase and how long it has lasted (seconds)."""
         with self._lock:
