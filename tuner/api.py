@@ -36,6 +36,7 @@ from tuner.search.sampler import make_sampler, reseed_on_resume
 from tuner.server.endpoint import Endpoint
 from tuner.server.launch import server_log_path
 from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
+from tuner.server.nodes import NodesServer, nodes_server
 from tuner.server.runtime import ContainerRuntime, Runtime
 from tuner.server.startlog import StartupLog
 from tuner.server.steps import following, slurm_parts
@@ -100,7 +101,7 @@ class Seams:
     its port, the runner."""
 
     host: Any
-    server: Server
+    server: Server | NodesServer
     runner: TrialRunner
     launch: Launch
     endpoint: Endpoint | None = None
@@ -135,6 +136,8 @@ class Seams:
                     if self.endpoint is not None:
                         self.endpoint.close()
                 finally:
+                    if isinstance(self.server, NodesServer):
+                        self.server.close()  # the other nodes' hosts
                     self.host.close()
 
 
@@ -156,7 +159,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
     elif cfg.target.slurm is not None:  # each server a step of the study's allocation
         slurm, endpoint = slurm_parts(cfg.target, host, launch.env, marker)
         runtime, hold, release = slurm, slurm.hold, slurm.release
-    server = Server(
+    server: Server | NodesServer = Server(
         host,
         cfg.target.timeouts,
         endpoint=endpoint,
@@ -165,6 +168,10 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         runtime=runtime,
         keep_logs=cfg.target.workdir is not None,  # else in the host's /tmp: removed when read
     )
+    if cfg.target.nodes is not None:  # one server across nodes, rank 0 on nodes[0]
+        host.close()
+        server = nodes_server(cfg.target, api_key, marker)
+        host, endpoint = server.host, server.rank0.endpoint
     run_load = load_runner(cfg, requests, api_key, endpoint)
     if release is not None:  # the server's node is known once the allocation runs
         run_load = following(run_load, endpoint, cfg.target.port)

@@ -72,9 +72,20 @@ def as_node(entry: Any) -> Any:
     return {"host": entry} if isinstance(entry, str) else entry
 
 
-def ssh_update(node: Node) -> dict[str, Any]:
-    """The SSH keys this node sets, to lay over the target's `ssh:` section."""
-    return {k: getattr(node.ssh, k) for k in node.ssh.model_fields_set}
+def rank0_host(data: Any) -> Any:
+    """A `target:` mapping with `nodes` and no `host`: its host is nodes[0]'s (the one the
+    tuner reaches, names the worker, and checks), as if written."""
+    if isinstance(data, dict) and "host" not in data and isinstance(data.get("nodes"), list):
+        first = as_node(data["nodes"][0]) if data["nodes"] else None
+        if isinstance(first, dict) and isinstance(first.get("host"), str):
+            return {**data, "host": first["host"]}
+    return data
+
+
+def node_ssh(target: Any, node: Node) -> Any:
+    """The target's `ssh:` section with what `node` overrides laid over it."""
+    update = {k: getattr(node.ssh, k) for k in node.ssh.model_fields_set}
+    return target.ssh.model_copy(update=update)
 
 
 def nodes_problem(
@@ -83,7 +94,7 @@ def nodes_problem(
     """(key, why not) when the rest of the study cannot run across `target.nodes` (`target`:
     its TargetSection, untyped: config.target imports this module), else (key, None)."""
     nodes: list[Node] = target.nodes
-    if "host" in target.model_fields_set and target.host != nodes[0].host:
+    if target.host != nodes[0].host:
         return "target.host", (
             f"{target.host!r} differs from target.nodes[0] ({nodes[0].host!r}): rank 0's node "
             "is the one the tuner reaches; remove target.host or make it nodes[0]"

@@ -129,12 +129,21 @@ class Server:
         self._running = _Running(pgid, command, log_path, port)
 
     def restart(
-        self, spec: LaunchSpec, log_path: str, on_launch: Callable[[int], None] | None = None
+        self,
+        spec: LaunchSpec,
+        log_path: str,
+        on_launch: Callable[[int], None] | None = None,
+        *,
+        follower: bool = False,
     ) -> StartResult:
         """Stop the previous server, start `spec` logging to `log_path`, wait ready, verify.
 
         `on_launch(pgid)` runs as soon as the process group exists, before readiness, so a
         caller killed during a long start-up has already recorded what to stop.
+        `follower`: a non-zero rank of a server across nodes (server/nodes.py): its port is
+        rank 0's business (it only gets SGLang's dummy health server), so it is neither
+        checked free nor awaited; the result is "launched" and its secrets stay until
+        `drop_secrets` (the rank reads them while it starts).
         Raises SetupError (the launch command or workdir is wrong), PortHeldError (someone
         else holds the port), InfraError (the host failed).
         """
@@ -143,7 +152,7 @@ class Server:
         self.logs.sweep()  # the runner fetched the gone servers' logs when each ended
         t1 = self._clock()
         self._check_setup(spec)
-        self._prepare(spec)
+        self._prepare(spec, check_port=not follower)
         t2 = self._clock()
         self._secrets |= spec.secret_values()
         command, files = self._write_launch(spec, log_path)
@@ -155,6 +164,11 @@ class Server:
         if on_launch is not None:
             on_launch(pgid)
         t3 = self._clock()
+        if follower:
+            timings = Timings(stop_s, t2 - t1, t3 - t2, 0, 0, t3 - t0)
+            return StartResult(
+                True, None, "launched", pgid=pgid, log_path=log_path, timings=timings
+            )
         try:
             failed = self._wait_ready(spec)
         finally:
@@ -166,6 +180,11 @@ class Server:
         t5 = self._clock()
         timings = Timings(stop_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)
         return self._result(res, timings)
+
+    def drop_secrets(self) -> None:
+        """Remove the running server's secret flags' file (a follower's, once it started)."""
+        if self._running is not None:
+            remove(self.host, self._running.files[1:])
 
     def stop(self) -> float:
         """Stop our server's group (TERM, CONT, wait stop_s, KILL); returns the seconds it took.
@@ -276,10 +295,11 @@ class Server:
             self.runtime.check_setup(spec)
             self._setup_ok.add(key)
 
-    def _prepare(self, spec: LaunchSpec) -> None:
+    def _prepare(self, spec: LaunchSpec, check_port: bool = True) -> None:
         """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts."""
         port_free = lambda: self.host.port_free(spec.port)  # noqa: E731
-        if not self.runtime.remote and not port_free():  # a Slurm step's port is the node's
+        # a Slurm step's port is the node's; a follower rank's is rank 0's business
+        if check_port and not self.runtime.remote and not port_free():
             self.stop_strays()
             if not self._poll(port_free, self.timeouts.port_free_s):
                 raise port_held_error(self.host, spec.port, self._mask)
