@@ -2,8 +2,8 @@
 simulated rank on each (`--nnodes 2 --node-rank 0|1 --dist-init-addr 127.0.0.1:P`).
 
 Launch, readiness and verification through rank 0; a follower killed -9 is the world's failure
-and the next start is clean; a stop ends both ranks; a new lifecycle with the same marker (a
-resumed run) finds and stops both ranks of a server it never started.
+and the next start is clean; a stop ends both ranks. (A resumed run finding both ranks of a
+server it never started: tests/integration/study/test_nodes_study.py.)
 """
 
 from __future__ import annotations
@@ -121,20 +121,3 @@ def test_two_ranks_start_verify_die_restart_stop(two_nodes, tmp_path: Path) -> N
     for pgid in pgids:
         assert_group_gone(pgid)
     assert not marked_groups(marker)
-
-
-def test_a_resumed_run_stops_both_ranks(two_nodes, tmp_path: Path, sshd_server, second_sshd):
-    servers, spec, marker = two_nodes
-    res = servers.restart(spec, str(tmp_path / "trial0.log"))
-    assert res.ok, (res.reason, res.evidence)
-    pgids = [servers.pgid, servers.servers[1].pgid]
-    # a new run (the old one "killed -9": it never stops its server) with the same marker
-    again = nodes_server(target(tmp_path, sshd_server, second_sshd, spec.port), marker=marker)
-    try:
-        stopped = again.stop_strays()
-    finally:
-        again.rank0.host.close()
-        again.close()
-    assert {pgid for pgid, _ in stopped} == set(pgids)
-    for pgid in pgids:
-        assert_group_gone(pgid)
