@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.check import connect, httppath, machine, reading, sglang, slurm
+from tuner.check import connect, httppath, machine, nodes, reading, sglang, slurm
 from tuner.check.lines import FAIL, CheckLine, fail, skip
 from tuner.check.probe import Deadlines, Probe
 from tuner.config.schema import StudyConfig
@@ -48,9 +48,13 @@ CHECKS: tuple[Check, ...] = (
     Check("draft model", "draft model", machine.draft, ("workdir",)),
     Check("port", "port", machine.port, ("shell",)),
     Check("http path", "http path", httppath.http_path, ("port",)),
+    Check("nodes", "nodes", nodes.reachable, ("shell",)),  # target.nodes only (`planned`)
+    Check("node sglang", "node sglang", nodes.versions, ("nodes",)),
+    Check("node gpus", "node gpus", nodes.gpus, ("nodes",)),
+    Check("dist init", "dist init", nodes.dist_port, ("nodes",)),
 )
 #: what `tuner tune` checks before its first trial: cheap, and each a certain night-killer
-NIGHT = ("ssh", "shell", "workdir", "slurm", "flags")
+NIGHT = ("ssh", "shell", "workdir", "slurm", "flags", "nodes")
 #: the checks of a study whose target has `slurm:`
 SLURM = frozenset({"slurm", "partition"})
 
@@ -58,7 +62,10 @@ SLURM = frozenset({"slurm", "partition"})
 def planned(checks: tuple[Check, ...], cfg: StudyConfig | None) -> tuple[Check, ...]:
     """The checks that apply to the study (the Slurm lines only with target.slurm)."""
     slurm_ = cfg is not None and cfg.target.slurm is not None
-    return tuple(c for c in checks if slurm_ or c.key not in SLURM)
+    nodes_ = cfg is not None and cfg.target.nodes is not None
+    return tuple(
+        c for c in checks if (slurm_ or c.key not in SLURM) and (nodes_ or c.key not in nodes.KEYS)
+    )
 
 
 def run_checks(
