@@ -43,6 +43,7 @@ from tuner.sglang.failures import FailureClass, evidence_tail, explain_failure
 
 __all__ = ["MARKER_VAR", "GpuInfo", "Server", "ServerDeath", "StartResult", "Timings"]
 
+OnLaunch = Callable[[int], None] | None
 #: the environment variable every server started with a marker carries (its whole group)
 MARKER_VAR = "TUNER_SERVER_MARKER"
 #: a dead server's log lines read for its evidence (access lines dropped, `tail_lines` kept)
@@ -129,21 +130,14 @@ class Server:
         self._running = _Running(pgid, command, log_path, port)
 
     def restart(
-        self,
-        spec: LaunchSpec,
-        log_path: str,
-        on_launch: Callable[[int], None] | None = None,
-        *,
-        follower: bool = False,
+        self, spec: LaunchSpec, log_path: str, on_launch: OnLaunch = None, *, follower: bool = False
     ) -> StartResult:
         """Stop the previous server, start `spec` logging to `log_path`, wait ready, verify.
 
         `on_launch(pgid)` runs as soon as the process group exists, before readiness, so a
         caller killed during a long start-up has already recorded what to stop.
-        `follower`: a non-zero rank of a server across nodes (server/nodes.py): its port is
-        rank 0's business (it only gets SGLang's dummy health server), so it is neither
-        checked free nor awaited; the result is "launched" and its secrets stay until
-        `drop_secrets` (the rank reads them while it starts).
+        `follower`: a rank > 0 across nodes (server/nodes.py): its port (a dummy /health) is
+        not checked nor awaited; "launched", its secrets kept until `drop_secrets`.
         Raises SetupError (the launch command or workdir is wrong), PortHeldError (someone
         else holds the port), InfraError (the host failed).
         """
@@ -165,10 +159,8 @@ class Server:
             on_launch(pgid)
         t3 = self._clock()
         if follower:
-            timings = Timings(stop_s, t2 - t1, t3 - t2, 0, 0, t3 - t0)
-            return StartResult(
-                True, None, "launched", pgid=pgid, log_path=log_path, timings=timings
-            )
+            timed = Timings(stop_s, t2 - t1, t3 - t2, total_s=t3 - t0)
+            return StartResult(True, None, "launched", pgid=pgid, log_path=log_path, timings=timed)
         try:
             failed = self._wait_ready(spec)
         finally:
@@ -296,9 +288,9 @@ class Server:
             self._setup_ok.add(key)
 
     def _prepare(self, spec: LaunchSpec, check_port: bool = True) -> None:
-        """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts."""
+        """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts;
+        a Slurm step's port is the node's, a follower rank's rank 0's business."""
         port_free = lambda: self.host.port_free(spec.port)  # noqa: E731
-        # a Slurm step's port is the node's; a follower rank's is rank 0's business
         if check_port and not self.runtime.remote and not port_free():
             self.stop_strays()
             if not self._poll(port_free, self.timeouts.port_free_s):

@@ -10,7 +10,8 @@ import pytest
 
 from tests.helpers.net import free_port
 from tuner.sim.flags import parse_flags
-from tuner.sim.nodes import World, nodes_refusal
+from tuner.sim.http.world import World
+from tuner.sim.nodes import nodes_refusal
 from tuner.sim.profile import load_profile
 from tuner.sim.startup import build_script
 

@@ -12,22 +12,20 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
-from typing import TYPE_CHECKING
+from typing import Any
 
 from aiohttp import web
 
 from tuner.sim.startup import bind_error_line
-
-if TYPE_CHECKING:
-    from tuner.sim.http.server import SimServer
 
 
 async def _ok(_: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-async def run_follower(srv: SimServer) -> int:
-    """Start-up (the rendezvous with rank 0, then this node's schedulers), the dummy health
+async def run_follower(srv: Any) -> int:
+    """`srv`: the rank's `SimServer` (http/server.py, which does not import this module).
+    Start-up (the rendezvous with rank 0, then this node's schedulers), the dummy health
     server, then run until SIGTERM, rank 0's shutdown (exit 0) or a lost rank 0 (137)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

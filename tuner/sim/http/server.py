@@ -40,7 +40,7 @@ from tuner.sim.flags import server_args_dict
 from tuner.sim.http.native import add_routes
 from tuner.sim.http.promtext import Histograms
 from tuner.sim.http.reqstate import ReqState
-from tuner.sim.nodes import PeerLost, World
+from tuner.sim.http.world import PeerLost, World, print_join_failure, watch_world
 from tuner.sim.profile import Profile
 from tuner.sim.startup import (
     EXIT_CHILD_FAILED,
@@ -204,8 +204,8 @@ class SimServer:
             self.log(summary)
         if self.world is not None:  # the ranks meet before the weights load
             if (joined := await self.world.join(self.stop)) is not None:
-                return self._print_join_failure(joined) if joined else 0
-            self._fault_tasks.append(asyncio.create_task(self._watch_world(self.world)))
+                return print_join_failure(self.log, joined) if joined else 0
+            self._fault_tasks.append(asyncio.create_task(watch_world(self, self.world)))
             t0 = asyncio.get_running_loop().time()  # the load starts once the ranks met
         for phase in self.script.phases:
             if (code := await self._at(t0 + phase.at * total, t0, total)) is not None:
@@ -222,32 +222,8 @@ class SimServer:
             return await self._at(t0 + total, t0, total)
         return None
 
-    def _print_join_failure(self, lines: tuple[str, ...]) -> int:
-        """The rendezvous failed in a scheduler: its exception, then the parent's sigquit."""
-        self.log("Scheduler hit an exception: Traceback (most recent call last):", scheduler=True)
-        for line in lines:
-            self.log(line, raw=True)
-        self.log("", raw=True)
-        self.log(SIGQUIT_LINE)
-        return EXIT_CHILD_FAILED
-
-    async def _watch_world(self, world: World) -> None:
-        """A peer gone while this rank runs: NCCL's watchdog ends it (a rank 0 that said bye
-        is a graceful stop for its followers)."""
-        await world.lost.wait()
-        if world.leaving and world.rank > 0:
-            self.stop.set()
-            return
-        if not self.stop.is_set() or self.state != "draining":
-            self.crash = PeerLost(world.lost_lines())
-            self.stop.set()
-
     async def run(self) -> int:
         """Start-up, serve until SIGTERM or a crash; the process exit code."""
-        if self.world is not None and self.world.rank > 0:
-            from tuner.sim.http.follower import run_follower
-
-            return await run_follower(self)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         for sig in (signal.SIGTERM, signal.SIGINT):
