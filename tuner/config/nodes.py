@@ -82,6 +82,11 @@ def rank0_host(data: Any) -> Any:
     return data
 
 
+def node_count(target: Any) -> int:
+    """How many nodes the server spans (1 without target.nodes): each holds tp / this GPUs."""
+    return len(target.nodes) if target.nodes else 1
+
+
 def node_ssh(target: Any, node: Node) -> Any:
     """The target's `ssh:` section with what `node` overrides laid over it."""
     update = {k: getattr(node.ssh, k) for k in node.ssh.model_fields_set}

@@ -4,6 +4,7 @@ listener started and stopped by its process group), and a port already held ther
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -14,16 +15,25 @@ from tests.helpers.net import free_port
 from tests.helpers.paths import REPO
 from tests.helpers.sshd import Sshd
 from tests.helpers.studies import study_file
+from tests.integration.check.test_check import FAKE_NVIDIA_SMI
 from tuner.check.plan import run_checks
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
-KEYS = {"ssh", "shell", "nodes", "node sglang", "node gpus", "dist init"}
+KEYS = {"ssh", "shell", "gpus", "nodes", "node sglang", "node gpus", "dist init"}
 
 
 def _node(server: Sshd) -> dict:
     ssh = {"port": server.port, "identity_file": str(server.client_key)}
     return {"host": "127.0.0.1", "ssh": {**ssh, "known_hosts": str(server.known_hosts)}}
+
+
+def fake_smi(tmp: Path) -> Path:
+    d = tmp / "bin"
+    d.mkdir()
+    (d / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (d / "nvidia-smi").chmod(0o755)
+    return d
 
 
 def _study(tmp: Path, first: Sshd, second: Sshd, dist_port: int) -> Path:
@@ -33,7 +43,8 @@ def _study(tmp: Path, first: Sshd, second: Sshd, dist_port: int) -> Path:
     data["target"].update(
         nodes=[_node(first), _node(second)],
         dist_init_port=dist_port,
-        env={"PYTHONPATH": str(REPO)},
+        # a fake nvidia-smi with one GPU on each "node": tp 2 over 2 nodes needs one each
+        env={"PYTHONPATH": str(REPO), "PATH": f"{fake_smi(tmp)}:{os.environ['PATH']}"},
         ssh={"user": "root", "use_agent": False, "look_for_keys": False, "ssh_config": ""},
     )
     data["server"]["tp"] = 2
@@ -47,7 +58,9 @@ def test_check_across_two_nodes(tmp_path: Path, sshd_server: Sshd, second_sshd: 
     lines = {line.name: line for line in run_checks(study, keys=KEYS)}
     assert lines["nodes"].status == "ok", lines["nodes"]
     assert lines["node sglang"].status == "ok" and "on every node" in lines["node sglang"].detail
-    assert lines["node gpus"].status == "warn"  # no nvidia-smi here
+    assert lines["gpus"].status != "FAIL" and "(need 1)" in lines["gpus"].detail  # nodes[0]'s
+    assert lines["node gpus"].status == "ok", lines["node gpus"]
+    assert lines["node gpus"].detail.startswith("1 needed per node; 127.0.0.1:")
     assert lines["dist init"].status == "ok", lines["dist init"]
     assert lines["dist init"].detail == f"127.0.0.1:{port} reached from every node"
     with socket.socket() as held:  # the listener was stopped: the port is free again
