@@ -113,7 +113,7 @@ def gpus(p: Probe) -> CheckLine:
             if res.exit_code == _NO_SMI and not res.stdout.strip():
                 return warn("node gpus", f"no nvidia-smi on {name}: GPUs not checked")
             have = len(parse_gpus(res.stdout)) if res.ok else 0
-            counted.append(f"{name} {have}")
+            counted.append(f"{name} has {have}")
             if have < need:
                 short.append(f"{name} has {have}")
     if short:

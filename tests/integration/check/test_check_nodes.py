@@ -60,7 +60,8 @@ def test_check_across_two_nodes(tmp_path: Path, sshd_server: Sshd, second_sshd: 
     assert lines["node sglang"].status == "ok" and "on every node" in lines["node sglang"].detail
     assert lines["gpus"].status != "FAIL" and "(need 1)" in lines["gpus"].detail  # nodes[0]'s
     assert lines["node gpus"].status == "ok", lines["node gpus"]
-    assert lines["node gpus"].detail.startswith("1 needed per node; 127.0.0.1:")
+    gpus = lines["node gpus"].detail
+    assert gpus.startswith("1 needed per node; ") and gpus.count("127.0.0.1:") == 2, gpus
     assert lines["dist init"].status == "ok", lines["dist init"]
     assert lines["dist init"].detail == f"127.0.0.1:{port} reached from every node"
     with socket.socket() as held:  # the listener was stopped: the port is free again

@@ -1,9 +1,9 @@
 """A server across two "nodes": two real sshd on 127.0.0.1 (their own ports and keys), one
 simulated rank on each (`--nnodes 2 --node-rank 0|1 --dist-init-addr 127.0.0.1:P`).
 
-Launch, readiness and verification through rank 0; a follower killed -9 is the world's failure
-and the next start is clean; a stop ends both ranks. (A resumed run finding both ranks of a
-server it never started: tests/integration/study/test_nodes_study.py.)
+Launch, readiness and verification through rank 0, a stop of both ranks. (A follower killed
+mid-load, the next trial clean, a resumed run finding both ranks of a server it never started:
+tests/integration/study/test_nodes_study.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from tuner.config.load import parse_study
 from tuner.server.launch import build_launch
 from tuner.server.nodes import NodesServer, nodes_server, rank_path
 from tuner.server.probes import server_info
-from tuner.sglang.failures import FailureClass, is_config_failure
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
@@ -81,7 +80,7 @@ def two_nodes(
             servers.close()
 
 
-def test_two_ranks_start_verify_die_restart_stop(two_nodes, tmp_path: Path) -> None:
+def test_two_ranks_start_verify_stop(two_nodes, tmp_path: Path) -> None:
     servers, spec, marker = two_nodes
     log = str(tmp_path / "trial0.log")
     res = servers.restart(spec, log)
@@ -95,29 +94,13 @@ def test_two_ranks_start_verify_die_restart_stop(two_nodes, tmp_path: Path) -> N
     assert (info["nnodes"], info["node_rank"], info["tp_size"]) == (2, 0, 2)
     assert info["dist_init_addr"] == servers.dist_init_addr
     follower_log = Path(rank_path(log, 1)).read_text()
-    assert "[" in follower_log and " TP1] Init torch distributed ends." in follower_log
+    assert " TP1] Init torch distributed ends." in follower_log
     assert "fired up" not in follower_log  # a follower serves no API
+    assert servers.check() is None and servers.responsive(2)
+    assert res.timings.total_s >= res.timings.start_to_ready_s > 0
 
-    # a follower killed -9 mid-run: the world's failure, named by its node
-    os.killpg(rank1.pgid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while (death := servers.check()) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert death is not None
-    assert not is_config_failure(death.failure) and death.failure == FailureClass.CRASHED
-    assert death.reason.startswith("node-rank 1 (127.0.0.1) lost")
-    local = tmp_path / "local" / "server.log"
-    local.parent.mkdir()
-    assert servers.fetch_log(str(local))
-    assert "Process group watchdog thread terminated" in local.read_text()  # rank 0's NCCL
-    assert (local.parent / "server.rank1.log").exists()
-
-    # the next start is clean: both ranks anew
-    res = servers.restart(spec, str(tmp_path / "trial1.log"))
-    assert res.ok, (res.reason, res.evidence)
-    assert servers.pgid not in pgids and rank1.pgid not in pgids
-    pgids = [servers.pgid, rank1.pgid]
-    servers.stop()
+    servers.stop()  # rank 0 first: its goodbye ends the follower gracefully
     for pgid in pgids:
         assert_group_gone(pgid)
-    assert not marked_groups(marker)
+    assert not marked_groups(marker) and servers.pgid is None and rank1.pgid is None
+    assert "Process group watchdog" not in Path(rank_path(log, 1)).read_text()

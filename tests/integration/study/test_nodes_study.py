@@ -100,8 +100,8 @@ def test_a_lost_rank_is_the_worlds_and_a_killed_tuner_resumes(
             # trial 0 under load: its follower killed -9 (a node lost to the world)
             _wait_phase(proc, trials, "load", since)
             os.killpg(_rank(marker, 1), signal.SIGKILL)
-            # the next trial's server up: the tuner itself killed -9, both ranks left running
-            _wait_phase(proc, trials, "ready", since, nth=2)
+            # the next trial's ranks launched: the tuner itself killed -9, both left running
+            _wait_phase(proc, trials, "spawn", since, nth=2)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         finally:
@@ -123,6 +123,10 @@ def test_a_lost_rank_is_the_worlds_and_a_killed_tuner_resumes(
         first = st.trials[0]
         assert first.state == optuna.trial.TrialState.FAIL  # the world's: never learned from
         assert "node-rank 1 (127.0.0.1) lost" in first.user_attrs[Attr.INFRA_ERROR]
+        logs = trials / "0"  # rank 0 ended on NCCL's watchdog; the follower's log came too
+        assert "Process group watchdog thread terminated" in (logs / "server.log").read_text()
+        assert "Init torch distributed ends." in (logs / "server.rank1.log").read_text()
+        assert "spawn" in (trials / "1" / "phases.log").read_text()  # the next trial launched
         done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
         assert len(done) == 1
         for t in done:  # every rank's log came home
