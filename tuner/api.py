@@ -37,6 +37,7 @@ from tuner.server.endpoint import Endpoint
 from tuner.server.kuberuntime import kube_parts
 from tuner.server.launch import server_log_path
 from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
+from tuner.server.nodes import NodesServer, nodes_server
 from tuner.server.runtime import ContainerRuntime, Runtime
 from tuner.server.startlog import StartupLog
 from tuner.server.steps import following, slurm_parts
@@ -101,7 +102,7 @@ class Seams:
     its port, the runner."""
 
     host: Any
-    server: Server
+    server: Server | NodesServer
     runner: TrialRunner
     launch: Launch
     endpoint: Endpoint | None = None
@@ -136,6 +137,8 @@ class Seams:
                     if self.endpoint is not None:
                         self.endpoint.close()
                 finally:
+                    if isinstance(self.server, NodesServer):
+                        self.server.close()  # the other nodes' hosts
                     self.host.close()
 
 
@@ -160,7 +163,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
     elif cfg.target.kubernetes is not None:  # each server a pod, reached by port-forward
         kube, endpoint = kube_parts(cfg.target, host, launch.env, marker)
         runtime, release = kube, kube.release  # no pod of the study outlives it
-    server = Server(
+    server: Server | NodesServer = Server(
         host,
         cfg.target.timeouts,
         endpoint=endpoint,
@@ -169,6 +172,10 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         runtime=runtime,
         keep_logs=cfg.target.workdir is not None,  # else in the host's /tmp: removed when read
     )
+    if cfg.target.nodes is not None:  # one server across nodes, rank 0 on nodes[0]
+        host.close()
+        server = nodes_server(cfg.target, api_key, marker)
+        host, endpoint = server.host, server.rank0.endpoint
     run_load = load_runner(cfg, requests, api_key, endpoint)
     if release is not None:  # the server's node (a pod's forward) is known once it runs
         run_load = following(run_load, endpoint, cfg.target.port)

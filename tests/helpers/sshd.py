@@ -130,8 +130,20 @@ def _kill_tree(pid: int) -> None:
 @pytest.fixture(scope="session")
 def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     """A real sshd on a free 127.0.0.1 port, for the whole session."""
+    with _sshd(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def second_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """Another sshd on its own port and keys: a second "node" of this machine (target.nodes)."""
+    with _sshd(tmp_path_factory.mktemp("sshd2")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _sshd(d: Path) -> Iterator[Sshd]:
     require_sshd()
-    d = tmp_path_factory.mktemp("sshd")
     _keygen(d / "host_ed25519")
     _keygen(d / "client")
     (d / "authorized_keys").write_text((d / "client.pub").read_text())

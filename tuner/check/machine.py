@@ -16,6 +16,7 @@ from tuner.capacity.precheck import HOST_RAM_MARGIN, parse_meminfo
 from tuner.check.lines import OK, CheckLine, fail, ok, skip, warn
 from tuner.check.probe import Probe, said
 from tuner.check.spacefacts import draft_paths, largest_parallel, model_path, values_of
+from tuner.config.nodes import node_count
 from tuner.errors import ConfigError, PortHeldError, SetupError
 
 GPU_QUERY = "--query-gpu=index,name,memory.total,memory.free"
@@ -87,10 +88,12 @@ def gpus(p: Probe) -> CheckLine:
                 )
             used = [by_index[int(x)] for x in ids]
     par = largest_parallel(p.cfg)
-    need = par.gpus
+    need = max(par.gpus // node_count(p.cfg.target), 1)  # across nodes: this node's share
     if len(used) < need:
         given = "target.gpus gives" if wanted else "the host has"
-        return fail("gpus", f"{par.describe()} needs {need} GPUs; {given} {len(used)}", ConfigError)
+        each = " on each node" if node_count(p.cfg.target) > 1 else ""
+        why = f"{par.describe()} needs {need} GPUs{each}; {given} {len(used)}"
+        return fail("gpus", why, ConfigError)
     names = sorted({g.name for g in used})
     total = min(g.total_mib for g in used)
     text = f"{len(used)} x {' / '.join(names)}, {total:,.0f} MiB (need {need})"
@@ -148,10 +151,11 @@ def host_ram(p: Probe) -> CheckLine:
         return warn("host ram", f"cannot read /proc/meminfo on {p.where} ({said(res)})")
     total, avail = info["MemTotal"], info["MemAvailable"]
     par = largest_parallel(p.cfg)
-    limit = hicache_limit(avail, total, par.ranks)
+    ranks = max(par.ranks // node_count(p.cfg.target), 1)  # the ranks sharing this host's RAM
+    limit = hicache_limit(avail, total, ranks)
     how = (
         f"MemAvailable {avail / cap.GB:.1f} GB less SGLang's 10 GiB reserve and a "
-        f"{HOST_RAM_MARGIN:.0%} margin, for {par.ranks} GPU ranks ({par.describe()})"
+        f"{HOST_RAM_MARGIN:.0%} margin, for {ranks} GPU ranks ({par.describe()})"
     )
     where, sizes = values_of(p.cfg, "hicache-size")
     asked = max(sizes, default=0)
@@ -159,7 +163,7 @@ def host_ram(p: Probe) -> CheckLine:
         end = ".high" if where.startswith("space.") and len(sizes) == 2 else ""
         return fail(
             "host ram",
-            f"{where} asks up to {asked:g} GB per rank ({asked * par.ranks:,.0f} GB in all); "
+            f"{where} asks up to {asked:g} GB per rank ({asked * ranks:,.0f} GB in all); "
             f"the largest --hicache-size that fits is {limit} ({how}): lower {where}{end} to "
             f"{limit}",
             ConfigError,

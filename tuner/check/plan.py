@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.check import connect, httppath, kube, machine, reading, sglang, slurm
+from tuner.check import connect, httppath, kube, machine, nodes, reading, sglang, slurm
 from tuner.check.lines import FAIL, CheckLine, fail, skip
 from tuner.check.probe import Deadlines, Probe
 from tuner.config.schema import StudyConfig
@@ -52,9 +52,13 @@ CHECKS: tuple[Check, ...] = (
     Check("draft model", "draft model", machine.draft, ("workdir",)),
     Check("port", "port", machine.port, ("shell",)),
     Check("http path", "http path", httppath.http_path, ("port",)),
+    Check("nodes", "nodes", nodes.reachable, ("shell",)),  # target.nodes only (`planned`)
+    Check("node sglang", "node sglang", nodes.versions, ("nodes",)),
+    Check("node gpus", "node gpus", nodes.gpus, ("nodes",)),
+    Check("dist init", "dist init", nodes.dist_port, ("nodes",)),
 )
 #: what `tuner tune` checks before its first trial: cheap, and each a certain night-killer
-NIGHT = ("ssh", "shell", "workdir", "slurm", "kubectl", "namespace", "flags")
+NIGHT = ("ssh", "shell", "workdir", "slurm", "kubectl", "namespace", "flags", "nodes")
 #: the checks of a study whose target has `slurm:`
 SLURM = frozenset({"slurm", "partition"})
 #: the checks of a study whose target has `kubernetes:`
@@ -66,8 +70,13 @@ def planned(checks: tuple[Check, ...], cfg: StudyConfig | None) -> tuple[Check, 
     Kubernetes lines only with target.kubernetes)."""
     slurm_ = cfg is not None and cfg.target.slurm is not None
     kube_ = cfg is not None and cfg.target.kubernetes is not None
+    nodes_ = cfg is not None and cfg.target.nodes is not None
     return tuple(
-        c for c in checks if (slurm_ or c.key not in SLURM) and (kube_ or c.key not in KUBE)
+        c
+        for c in checks
+        if (slurm_ or c.key not in SLURM)
+        and (kube_ or c.key not in KUBE)
+        and (nodes_ or c.key not in nodes.KEYS)
     )
 
 

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from tuner.config.base import Duration, Model
 from tuner.config.kubernetes import KubernetesSection
+from tuner.config.nodes import Node, as_node, rank0_host
 from tuner.config.slurm import SlurmSection
 
 
@@ -74,6 +82,11 @@ class TargetSection(Model):
     container: ContainerSection | None = None  # run the server in one (schema: server/container.py)
     slurm: SlurmSection | None = None  # a step of a held allocation per server (config/slurm.py)
     kubernetes: KubernetesSection | None = None  # a pod per server (config/kubernetes.py)
+    #: one server across nodes, rank i on nodes[i] (config/nodes.py); its rendezvous port
+    nodes: list[Annotated[Node, BeforeValidator(as_node)]] | None = Field(None, min_length=2)
+    dist_init_port: int | None = Field(None, ge=1, le=65535)
+
+    _rank0_host = model_validator(mode="before")(rank0_host)  # target.nodes: host = nodes[0]
 
     @field_validator("launch")
     @classmethod

@@ -33,6 +33,7 @@ from tuner.capacity.calculus import GB
 from tuner.capacity.precheck import hicache_ram_problem, launch_problem, parallel_of
 from tuner.config.base import MAX_CONCURRENCY, MAX_TOKENS
 from tuner.config.kubernetes import kubernetes_problem
+from tuner.config.nodes import nodes_problem, owned_flag
 from tuner.config.schema import StudyConfig
 from tuner.config.slurm import slurm_problem
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
@@ -84,6 +85,7 @@ def check_study(cfg: StudyConfig) -> None:
     for section, names in (("server", cfg.server), ("space", cfg.space)):
         for name in names:
             _check_name(cfg, section, name, table, unchecked)
+            _raise_if(cfg, f"{section}.{name}", owned_flag(name))
     for name, value in cfg.server.items():
         if (flag := _flag(name, table)) is not None:
             _raise_if(cfg, f"server.{name}", value_problem(flag, value))
@@ -108,6 +110,8 @@ def check_study(cfg: StudyConfig) -> None:
         _raise_if(cfg, *target_problem(cfg.target.launch, cfg.target.workdir))
     if cfg.target.slurm is not None:
         _raise_if(cfg, *slurm_problem(cfg.target, cfg.server))
+    if cfg.target.nodes is not None:
+        _raise_if(cfg, *nodes_problem(cfg.target, cfg.server, cfg.space))
     _raise_if(cfg, *_concurrency_problem(cfg))
 
 

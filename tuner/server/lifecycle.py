@@ -43,6 +43,7 @@ from tuner.sglang.failures import FailureClass, evidence_tail, explain_failure
 
 __all__ = ["MARKER_VAR", "GpuInfo", "Server", "ServerDeath", "StartResult", "Timings"]
 
+OnLaunch = Callable[[int], None] | None
 #: the environment variable every server started with a marker carries (its whole group)
 MARKER_VAR = "TUNER_SERVER_MARKER"
 #: a dead server's log lines read for its evidence (access lines dropped, `tail_lines` kept)
@@ -129,12 +130,14 @@ class Server:
         self._running = _Running(pgid, command, log_path, port)
 
     def restart(
-        self, spec: LaunchSpec, log_path: str, on_launch: Callable[[int], None] | None = None
+        self, spec: LaunchSpec, log_path: str, on_launch: OnLaunch = None, *, follower: bool = False
     ) -> StartResult:
         """Stop the previous server, start `spec` logging to `log_path`, wait ready, verify.
 
         `on_launch(pgid)` runs as soon as the process group exists, before readiness, so a
         caller killed during a long start-up has already recorded what to stop.
+        `follower`: a rank > 0 across nodes (server/nodes.py): its port (a dummy /health) is
+        not checked nor awaited; "launched", its secrets kept until `drop_secrets`.
         Raises SetupError (the launch command or workdir is wrong), PortHeldError (someone
         else holds the port), InfraError (the host failed).
         """
@@ -143,7 +146,7 @@ class Server:
         self.logs.sweep()  # the runner fetched the gone servers' logs when each ended
         t1 = self._clock()
         self._check_setup(spec)
-        self._prepare(spec)
+        self._prepare(spec, check_port=not follower)
         t2 = self._clock()
         self._secrets |= spec.secret_values()
         command, files = self._write_launch(spec, log_path)
@@ -155,6 +158,9 @@ class Server:
         if on_launch is not None:
             on_launch(pgid)
         t3 = self._clock()
+        if follower:
+            timed = Timings(stop_s, t2 - t1, t3 - t2, total_s=t3 - t0)
+            return StartResult(True, None, "launched", pgid=pgid, log_path=log_path, timings=timed)
         try:
             failed = self._wait_ready(spec)
         finally:
@@ -166,6 +172,11 @@ class Server:
         t5 = self._clock()
         timings = Timings(stop_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0)
         return self._result(res, timings)
+
+    def drop_secrets(self) -> None:
+        """Remove the running server's secret flags' file (a follower's, once it started)."""
+        if self._running is not None:
+            remove(self.host, self._running.files[1:])
 
     def stop(self) -> float:
         """Stop our server's group (TERM, CONT, wait stop_s, KILL); returns the seconds it took.
@@ -276,10 +287,11 @@ class Server:
             self.runtime.check_setup(spec)
             self._setup_ok.add(key)
 
-    def _prepare(self, spec: LaunchSpec) -> None:
-        """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts."""
+    def _prepare(self, spec: LaunchSpec, check_port: bool = True) -> None:
+        """Port free (our strays stopped; PortHeldError naming the holder otherwise), GPU facts;
+        a Slurm step's port is the node's, a follower rank's rank 0's business."""
         port_free = lambda: self.host.port_free(spec.port)  # noqa: E731
-        if not self.runtime.remote and not port_free():  # a Slurm step's port is the node's
+        if check_port and not self.runtime.remote and not port_free():
             self.stop_strays()
             if not self._poll(port_free, self.timeouts.port_free_s):
                 raise port_held_error(self.host, spec.port, self._mask)

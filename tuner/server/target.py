@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuner.config.nodes import node_ssh
 from tuner.config.target import TargetSection
 from tuner.errors import ConfigError
 from tuner.hosts.local import LocalHost
@@ -29,7 +30,9 @@ def host_for(target: TargetSection) -> LocalHost | SSHHost:
     """LocalHost for `host: local`, else SSHHost with the study file's SSH options."""
     if is_local(target):
         return LocalHost(command_timeout_s=target.ssh.command_timeout_s)
-    return SSHHost(SSHOptions.from_section(target.host, target.ssh))
+    # across nodes, the target's host is nodes[0], with its own SSH settings (config/nodes.py)
+    section = node_ssh(target, target.nodes[0]) if target.nodes else target.ssh
+    return SSHHost(SSHOptions.from_section(target.host, section))
 
 
 def endpoint_for(target: TargetSection, host: LocalHost | SSHHost) -> Endpoint:

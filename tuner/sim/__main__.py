@@ -57,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     faults = Faults(ns.sim_fault, ns.sim_seed, launch)
     server = SimServer(ns, profile, script, lambda: build_engine(ns, profile, script), faults)
+    if server.world is not None and server.world.rank > 0:  # a follower rank (sim/nodes.py)
+        from tuner.sim.http.follower import run_follower
+
+        return asyncio.run(run_follower(server))
     return asyncio.run(server.run())
 
 

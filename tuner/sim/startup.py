@@ -21,6 +21,7 @@ from tuner.capacity import calculus as capacity
 from tuner.capacity.calculus import GB
 from tuner.sim import loglines
 from tuner.sim.memplan import MemoryPlan, SpecShape, plan_memory
+from tuner.sim.nodes import nodes_refusal
 from tuner.sim.profile import Profile
 from tuner.sim.serverargs import Defaults, Levers, played_version, resolve_server_args
 
@@ -245,6 +246,9 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
     if lev.unsimulated is not None:
         fail = Failure(0.0, (LogLine(lev.unsimulated, False),), EXIT_USAGE)
         return Script((), fail, None, None, d, levers=lev, warnings=main_lines)
+    if (nodes := nodes_refusal(ns)) is not None:  # ServerArgs.check_server_args (nodes.py)
+        fail = Failure(0.0, (LogLine(nodes[0], False),), nodes[1])
+        return Script((), fail, None, None, d, levers=lev, warnings=main_lines)
     if ns.enable_hierarchical_cache and ns.disable_radix_cache:
         fail = Failure(0.0, (LogLine(RADIX_HICACHE_MESSAGE, False),), EXIT_MAIN_EXCEPTION)
         return Script((), fail, None, None, d, levers=lev, warnings=main_lines)
@@ -281,8 +285,9 @@ def build_script(ns: argparse.Namespace, profile: Profile) -> Script:
             plan,
             hicache_size_gb=ns.hicache_size,
             hicache_ratio=ns.hicache_ratio,
-            # one host pool per GPU rank: of every replica, or of the DP attention groups' GPUs
-            ranks=par.ranks,
+            # one host pool per GPU rank: of every replica, or of the DP attention groups' GPUs;
+            # each node's ranks share that node's RAM (nodes.py: tp / nnodes per node)
+            ranks=max(par.ranks // ns.nnodes, 1),
             page_size=ns.page_size,
         )
         if hc.error:

@@ -40,6 +40,7 @@ from tuner.sim.flags import server_args_dict
 from tuner.sim.http.native import add_routes
 from tuner.sim.http.promtext import Histograms
 from tuner.sim.http.reqstate import ReqState
+from tuner.sim.http.world import PeerLost, World, print_join_failure, watch_world
 from tuner.sim.profile import Profile
 from tuner.sim.startup import (
     EXIT_CHILD_FAILED,
@@ -120,6 +121,11 @@ class SimServer:
         self.paused = False
         self._start_fault: FaultSpec | None = None
         self._fault_tasks: list[asyncio.Task] = []
+        #: the torch.distributed world of a server across nodes (--nnodes > 1), else None
+        self.world: World | None = None
+        if ns.nnodes > 1 and script.failure is None:
+            self.world = World(ns, self.log)
+            self.log.tag = f" TP{self.world.first_rank}"  # this node's first scheduler rank
 
     # --- start-up ------------------------------------------------------------------------
 
@@ -196,6 +202,11 @@ class SimServer:
         summary = self.faults.summary()
         if summary is not None:
             self.log(summary)
+        if self.world is not None:  # the ranks meet before the weights load
+            if (joined := await self.world.join(self.stop)) is not None:
+                return print_join_failure(self.log, joined) if joined else 0
+            self._fault_tasks.append(asyncio.create_task(watch_world(self, self.world)))
+            t0 = asyncio.get_running_loop().time()  # the load starts once the ranks met
         for phase in self.script.phases:
             if (code := await self._at(t0 + phase.at * total, t0, total)) is not None:
                 return code
@@ -237,6 +248,8 @@ class SimServer:
             bound = False  # report it after the simulated load, as uvicorn would
         try:
             code = await self._play_script(t0)
+            if self.crash is not None:  # a peer lost during start-up
+                return self._print_crash(self.crash)
             if code is not None:
                 return code
             if not bound:
@@ -245,6 +258,8 @@ class SimServer:
             return await self._serve()
         finally:
             await runner.cleanup()
+            if self.world is not None:  # rank 0's shutdown tells the followers (ShutdownReq)
+                await self.world.leave()
 
     async def _serve(self) -> int:
         self.log(f"INFO:     Started server process [{os.getpid()}]", raw=True)
@@ -320,6 +335,11 @@ class SimServer:
 
     def _print_crash(self, exc: BaseException) -> int:
         self.state = "crashed"  # handlers cancelled from here on are the server's, not clients'
+        if isinstance(exc, PeerLost):  # NCCL's watchdog aborted a scheduler (sim/nodes.py)
+            for line in exc.lines:
+                self.log(line, raw=True)
+            self.log(SIGQUIT_LINE)
+            return EXIT_CHILD_FAILED
         groups = getattr(exc, "log_groups", ())
         for i, line in enumerate(getattr(exc, "log_lines", ())):
             self.log(line, scheduler=True, group=groups[i] if groups else None)
