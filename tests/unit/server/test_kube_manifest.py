@@ -341,8 +341,8 @@ def _study(**kube: object) -> dict:
         ({}, {"gpus": "0,1"}, {}, "target.gpus", "target.kubernetes.gpus"),
         ({}, {"workdir": "/w"}, {}, "target.workdir", "remove it"),
         ({}, {"launch": ["{python}", "-m", "tuner.sim"]}, {}, "target.launch", "inside the image"),
-        ({}, {}, {"nnodes": 2}, "server.nnodes", "LeaderWorkerSet"),
-        ({}, {}, {"host": "10.1.2.3"}, "server.host", "port-forward"),
+        ({}, {}, {"nnodes": 2}, "server.nnodes", "target.nodes"),
+        ({}, {}, {"host": "gpu-node"}, "server.host", "port-forward"),
     ],
 )
 def test_bad_kubernetes_input_names_its_key(

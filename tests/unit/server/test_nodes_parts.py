@@ -15,9 +15,9 @@ SIM = ["python", "-m", "tuner.sim"]
 
 def test_each_rank_gets_the_trials_flags_and_its_own_three() -> None:
     spec = build_launch(SIM, {"model-path": "m", "tp": 16, "api-key": "s3cret-key"}, 30000)
-    ranks = [rank_spec(spec, 2, i, "10.0.0.1:20000") for i in range(2)]
+    ranks = [rank_spec(spec, 2, i, "gpu-a:20000") for i in range(2)]
     for i, r in enumerate(ranks):
-        tail = ["--nnodes", "2", "--node-rank", str(i), "--dist-init-addr", "10.0.0.1:20000"]
+        tail = ["--nnodes", "2", "--node-rank", str(i), "--dist-init-addr", "gpu-a:20000"]
         assert list(r.argv) == [*spec.argv, *tail]
         assert r.flags["node-rank"] == i and r.flags["nnodes"] == 2  # verified on rank 0
         assert r.secret_flags == spec.secret_flags and "s3cret-key" not in " ".join(r.argv)
