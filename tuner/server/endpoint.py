@@ -182,6 +182,10 @@ class ReachWatch:
     for `grace_s` while no TCP connection to it opened through the endpoint. A port that
     accepts connections but does not answer HTTP (a slow or hung server) is left to the
     caller's ready deadline. The host is asked at most every grace_s / 3.
+
+    `remote`: the server runs on another machine than `host` (a Slurm step, a pod): whether
+    the port listens on `host` says nothing of it (another process of the tuner's machine may
+    hold that number), so only the endpoint's own verdict (`unreachable`) counts.
     """
 
     def __init__(
@@ -193,8 +197,9 @@ class ReachWatch:
         clock: Callable[[], float] = time.monotonic,
         *,
         connect_timeout_s: float = 5.0,
+        remote: bool = False,
     ):
-        self.endpoint, self.host, self.port = endpoint, host, port
+        self.endpoint, self.host, self.port, self.remote = endpoint, host, port, remote
         self.grace_s, self.connect_timeout_s, self._clock = grace_s, connect_timeout_s, clock
         self._since: float | None = None  # listening and not connectable since then
         # the first question waits a third of the grace: a start that dies at once (most
@@ -207,7 +212,7 @@ class ReachWatch:
             return
         self._down()
         now = self._clock()
-        if now < self._next:
+        if self.remote or now < self._next:
             return
         self._next = now + self.grace_s / 3
         if self.host.port_free(self.port):  # not listening yet: nothing to reach

@@ -337,7 +337,8 @@ class Server:
         run = self._running
         assert run is not None
         deadline = self._clock() + self.timeouts.ready_s
-        reach = ReachWatch(self.endpoint, self.host, run.port, self.reach_grace_s, self._clock)
+        grace, remote = self.reach_grace_s, self.runtime.remote  # remote: the port is the node's
+        reach = ReachWatch(self.endpoint, self.host, run.port, grace, self._clock, remote=remote)
         waits = self.timeouts.poll_waits()
         while True:
             self.on_poll()

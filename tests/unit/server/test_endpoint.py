@@ -181,3 +181,14 @@ def test_an_answer_resets_the_grace() -> None:
     _poll(watch, clock, None, 12.0)  # a fresh grace after the answer
     with pytest.raises(InfraError):
         _poll(watch, clock, None, 12.0)
+
+
+def test_a_remote_server_is_judged_by_its_endpoint_alone() -> None:
+    # a Slurm step or a pod: the tuner's machine holding the port number says nothing of it
+    ep, host, clock = FakeEndpoint(), FakeHost(listening=True), Clock()
+    watch = ReachWatch(ep, host, 30000, 15.0, clock, remote=True)
+    _poll(watch, clock, None, 120.0)
+    assert host.asked == 0 and ep.probes == 0
+    ep.down = "the port-forward to pod p is down"
+    with pytest.raises(HostUnreachable, match="port-forward"):
+        watch.check(None)
