@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 MARKER_VAR = "TUNER_SERVER_MARKER"
@@ -43,3 +44,25 @@ def kill_marked(marker: str, wait_s: float = 10.0) -> list[int]:
     while marked_groups(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     return groups
+
+
+def health(url: str) -> int | None:
+    """GET url/health's status, None without an answer; callers expect 200 from a live server,
+    and a busy machine may take seconds to answer."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            return r.status
+    except OSError:
+        return None
+
+
+def gone(pids: list[int]) -> bool:
+    """Every one of `pids` has exited (a zombie counts as gone)."""
+    return not [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"

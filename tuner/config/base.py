@@ -175,6 +175,14 @@ def got(value: Any, brief: str) -> str:
     return f"(got {brief})"
 
 
+def image_reference(v: str) -> str:
+    """A container image reference (a field validator of target.container and
+    target.kubernetes): no leading '-' (an option to the runtime), no whitespace."""
+    if not v or v.startswith("-") or any(c.isspace() for c in v):
+        raise ValueError(f"expected an image reference such as lmsysorg/sglang:latest, got {v!r}")
+    return v
+
+
 def bool_choices(data: Any) -> Any:
     """A `{type: bool, choices: [...]}` search-space entry as it samples: both values are the
     plain bool; one alone is a list of one choice (categorical), so only it is sampled. Raises

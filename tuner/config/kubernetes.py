@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from tuner.config.base import Duration, Model
+from tuner.config.base import Duration, Model, image_reference
 
 #: a DNS-1123 label: a namespace, a name prefix
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -98,14 +98,7 @@ class KubernetesSection(Model):
             )
         return v
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        if not v or v.startswith("-") or any(c.isspace() for c in v):
-            raise ValueError(
-                f"expected an image reference such as lmsysorg/sglang:latest, got {v!r}"
-            )
-        return v
+    _image = field_validator("image")(image_reference)
 
     @field_validator("gpu_resource")
     @classmethod

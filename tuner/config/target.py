@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.config.base import Duration, Model
+from tuner.config.base import Duration, Model, image_reference
 from tuner.config.kubernetes import KubernetesSection
 from tuner.config.nodes import Node, as_node, rank0_host
 from tuner.config.slurm import SlurmSection
@@ -141,14 +141,7 @@ class ContainerSection(BaseModel):
     env: list[str] | None = None
     stop_timeout_s: int = Field(30, ge=1, le=3600)  # `stop -t`: SIGTERM, then SIGKILL
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        if not v or v.startswith("-") or any(c.isspace() for c in v):
-            raise ValueError(
-                f"expected an image reference such as lmsysorg/sglang:latest, got {v!r}"
-            )
-        return v
+    _image = field_validator("image")(image_reference)
 
     @field_validator("name_prefix")
     @classmethod

@@ -16,16 +16,16 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers import procs
 from tests.helpers.fake_docker import IMAGE, FakeDocker
 from tests.helpers.net import free_port
-from tests.helpers.procs import kill_marked, marked_groups
+from tests.helpers.procs import gone, kill_marked, marked_groups
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, TUNER, study_file
 from tuner.config.target import ContainerSection, Timeouts
@@ -75,23 +75,7 @@ def spec(fake: FakeDocker, cwd: Path, port: int, **flags: object) -> LaunchSpec:
 
 
 def health(port: int) -> int | None:
-    # every caller expects 200 from a live server: a busy machine may take seconds to answer
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
-            return r.status
-    except OSError:
-        return None
-
-
-def gone(pids: list[int]) -> bool:
-    return not [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
+    return procs.health(f"http://127.0.0.1:{port}")
 
 
 def test_a_server_in_a_container_is_reached_and_stopped_by_name(

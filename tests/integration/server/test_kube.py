@@ -16,7 +16,6 @@ import secrets
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import yaml
 
 from tests.helpers.fake_kubectl import IMAGE, FakeKubectl, node
 from tests.helpers.net import free_port
-from tests.helpers.procs import kill_marked, marked_groups
+from tests.helpers.procs import gone, health, kill_marked, marked_groups
 from tests.helpers.sshd import assert_group_gone
 from tests.helpers.studies import REPO, TUNER, study_file, tuner
 from tuner.check.lines import FAIL, OK, WARN
@@ -83,25 +82,6 @@ def spec(fake: FakeKubectl, port: int, **flags: object) -> LaunchSpec:
     flags = {"model-path": "sim/model", "api-key": KEY, **flags}
     env = {"PATH": fake.path, "HF_TOKEN": "hf-" + KEY, "SGLANG_LOG_LEVEL": "info"}
     return build_launch(LAUNCH, flags, port, env=env)
-
-
-def health(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            return r.status
-    except OSError:
-        return None
-
-
-def gone(pids: list[int]) -> bool:
-    return not [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
 
 
 def verbs(fake: FakeKubectl) -> list[str]:

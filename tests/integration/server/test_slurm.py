@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import yaml
 
 from tests.helpers.fake_slurm import FakeSlurm
 from tests.helpers.net import free_port
-from tests.helpers.procs import kill_marked, marked_groups
+from tests.helpers.procs import gone, health, kill_marked, marked_groups
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, TUNER, study_file, tuner
 from tuner.check.lines import FAIL, OK
@@ -89,25 +88,6 @@ def spec(fake: FakeSlurm, cwd: Path, port: int, **flags: object) -> LaunchSpec:
     flags = {"model-path": "sim/model", "host": "127.0.0.1", "api-key": KEY, **flags}
     launch = [*SIM, "--sim-startup-seconds", "0"]
     return build_launch(launch, flags, port, env={"PATH": fake.path}, cwd=str(cwd))
-
-
-def health(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=10) as r:
-            return r.status
-    except OSError:
-        return None
-
-
-def gone(pids: list[int]) -> bool:
-    return not [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
 
 
 def only(calls: list[list[str]], cmd: str) -> list[list[str]]:
