@@ -117,3 +117,12 @@ def study_trials(study: Path, storage: str) -> list[dict]:
     out = tuner("status", str(study), "--storage", storage, "--json", timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["trials"]
+
+
+def phase_reached(runs: Path, phase: str) -> bool:
+    """Some trial under `runs` logged `phase` (its phases.log: `TIME PHASE` lines)."""
+    return any(
+        line.split(" ", 1)[-1].strip() == phase
+        for log in runs.glob("*/trials/*/phases.log")
+        for line in log.read_text().splitlines()
+    )

@@ -26,7 +26,7 @@ from tests.helpers.fake_kubectl import IMAGE, FakeKubectl, node
 from tests.helpers.net import free_port
 from tests.helpers.procs import gone, health, kill_marked, marked_groups
 from tests.helpers.sshd import assert_group_gone
-from tests.helpers.studies import REPO, TUNER, study_file, tuner
+from tests.helpers.studies import REPO, TUNER, phase_reached, study_file, tuner
 from tuner.check.lines import FAIL, OK, WARN
 from tuner.check.plan import run_checks
 from tuner.config.kubernetes import KubernetesSection
@@ -324,7 +324,7 @@ def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
                 argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
             )
         deadline = time.monotonic() + 120
-        while not _phase(runs, "warmup"):  # its pod ready and serving
+        while not phase_reached(runs, "warmup"):  # its pod ready and serving
             assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
             assert time.monotonic() < deadline, "no warm-up within 120 s"
             time.sleep(0.05)
@@ -350,11 +350,3 @@ def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
         assert (runs / "kubey" / "best.yaml").exists()
     finally:
         kill_marked(marker)
-
-
-def _phase(runs: Path, phase: str) -> bool:
-    return any(
-        line.split(" ", 1)[-1].strip() == phase
-        for log in runs.glob("*/trials/*/phases.log")
-        for line in log.read_text().splitlines()
-    )

@@ -27,7 +27,7 @@ from tests.helpers.fake_slurm import FakeSlurm
 from tests.helpers.net import free_port
 from tests.helpers.procs import gone, health, kill_marked, marked_groups
 from tests.helpers.sshd import Sshd, assert_group_gone
-from tests.helpers.studies import REPO, TUNER, study_file, tuner
+from tests.helpers.studies import REPO, TUNER, phase_reached, study_file, tuner
 from tuner.check.lines import FAIL, OK
 from tuner.check.plan import run_checks
 from tuner.config.slurm import SlurmSection
@@ -345,7 +345,7 @@ def test_resume_after_kill_9_stops_the_stray_step_and_reuses_the_allocation(
                 argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
             )
         deadline = time.monotonic() + 120
-        while not fake.running_steps() or not _phase(runs, "load"):
+        while not fake.running_steps() or not phase_reached(runs, "load"):
             assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
             assert time.monotonic() < deadline, "no load phase within 120 s"
             time.sleep(0.05)
@@ -374,11 +374,3 @@ def test_resume_after_kill_9_stops_the_stray_step_and_reuses_the_allocation(
         assert (runs / "slurmy" / "best.yaml").exists()
     finally:
         kill_marked(marker)
-
-
-def _phase(runs: Path, phase: str) -> bool:
-    return any(
-        line.split(" ", 1)[-1].strip() == phase
-        for log in runs.glob("*/trials/*/phases.log")
-        for line in log.read_text().splitlines()
-    )
