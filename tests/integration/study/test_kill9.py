@@ -130,11 +130,13 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
             since = time.time()
             proc = _start(study, runs)
             try:
-                log.append(_kill_at(proc, trials, moment, rng, since))
+                what = _kill_at(proc, trials, moment, rng, since)
+                log.append(f"{what} ({time.time() - since:.1f} s after the start)")
             finally:
                 if proc.stderr is not None:
                     proc.stderr.close()
         orphans_after_kills = len(marked_groups(marker))
+        final_at = time.time()
         final = subprocess.run(
             _argv(study, runs),
             cwd=REPO,
@@ -142,6 +144,7 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
             text=True,
             timeout=600,
         )
+        log.append(f"the last rerun finished the study in {time.time() - final_at:.1f} s")
         print("\n".join(log))
         print(f"orphans right after the last kill: {orphans_after_kills}")
         assert final.returncode == 0, final.stderr[-2000:]
