@@ -156,6 +156,11 @@ def _serve() -> None:
     build_parser()  # imports every subcommand's module, as each `tuner ...` does
     for name in WARM:
         importlib.import_module(name)
+    import threading
+
+    # a fork copies only the forking thread: a thread started by an import would be missing
+    # (and could hold a lock) in every case
+    assert threading.active_count() == 1, threading.enumerate()
 
     for line in sys.stdin:
         req = json.loads(line)
