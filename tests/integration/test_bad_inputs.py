@@ -1431,6 +1431,10 @@ def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             (Path(dirpath) / d).chmod(0o755)
 
 
+#: where the fresh cases' forked twins run, and their key in subprocess_outcomes
+TWIN = "forked"
+
+
 def fresh_ids(cases: list[Case]) -> set[str]:
     """The subprocess cases that run as a fresh `python -m tuner` (the rest are forked): the
     first of each subcommand (an interpreter's start and tuner's import, once per entry
@@ -1445,30 +1449,35 @@ def fresh_ids(cases: list[Case]) -> set[str]:
 @pytest.fixture(scope="module")
 def subprocess_outcomes(corpus_root: Path) -> dict[str, Outcome]:
     """Every subprocess case, four at a time: a few as fresh interpreters (~1 s of CPU each),
-    the rest forked by four servers that imported tuner.cli once (tests/helpers/forkcli.py)."""
+    the rest forked by four servers that imported tuner once (tests/helpers/forkcli.py). The
+    fresh ones are forked too, under TWIN (in a dir of their own), for
+    test_a_forked_case_is_a_fresh_one."""
     subs = [c for c in CASES if c.subprocess]
     fresh = fresh_ids(subs)
+    twins = [c for c in subs if c.id in fresh and not c.no_dac]
     servers: queue.Queue[ForkCLI] = queue.Queue()
     started = [ForkCLI(tuner_env(), REPO) for _ in range(4)]
     for s in started:
         servers.put(s)
 
-    def run(case: Case) -> Outcome:
-        if case.id in fresh:
+    def run(case: Case, twin: bool = False) -> Outcome:
+        if case.id in fresh and not twin:
             return run_subprocess(case, corpus_root)
         server = servers.get()
         try:
-            return run_forked(case, corpus_root, server)
+            return run_forked(case, corpus_root / TWIN if twin else corpus_root, server)
         finally:
             servers.put(server)
 
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
             outcomes = list(pool.map(run, subs))
+            twinned = list(pool.map(lambda c: run(c, twin=True), twins))
     finally:
         for s in started:
             s.close()
-    return {c.id: o for c, o in zip(subs, outcomes, strict=True)}
+    out = {c.id: o for c, o in zip(subs, outcomes, strict=True)}
+    return out | {f"{c.id}@{TWIN}": o for c, o in zip(twins, twinned, strict=True)}
 
 
 RESULTS: dict[str, list[str]] = {}
@@ -1502,17 +1511,12 @@ def test_a_forked_case_is_a_fresh_one(
     instead, end the same: the same exit code and stderr."""
     fresh = [c for c in CASES if c.id in fresh_ids(CASES) and not c.no_dac]
     assert len({c.args[0] if c.args else "" for c in fresh}) >= 7  # tune, status, ... none
-    root = corpus_root / "forked"
-    server = ForkCLI(tuner_env(), REPO)
-    try:
-        for case in fresh:
-            forked = run_forked(case, root, server)
-            was = subprocess_outcomes[case.id]
-            assert forked.code == was.code == 2, case.id
-            same = forked.stderr.replace(str(root), "ROOT")
-            assert same == was.stderr.replace(str(corpus_root), "ROOT"), case.id
-    finally:
-        server.close()
+    root = str(corpus_root / TWIN)
+    for case in fresh:
+        was, forked = subprocess_outcomes[case.id], subprocess_outcomes[f"{case.id}@{TWIN}"]
+        assert forked.code == was.code == 2, case.id
+        same = forked.stderr.replace(root, "ROOT")
+        assert same == was.stderr.replace(str(corpus_root), "ROOT"), case.id
 
 
 def test_summary(capsys: pytest.CaptureFixture[str]) -> None:
