@@ -119,6 +119,10 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
     )
     data = yaml.safe_load(study.read_text())
     data["target"]["launch"][-1] = "0.6"  # start-up long enough to be killed while waiting
+    # load runs of 1.5 s, not the helper's 2.5 s: a kill lands 0-0.15 s after its phase begins,
+    # and every trial and confirmation still runs one (a TTFT limit must stay below the window)
+    data["workload"]["duration_s"] = 1.5
+    data["objective"]["slo"]["p99_ttft_ms"] = 1400
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     runs = tmp_path / "runs"
     trials = runs / "kill9" / "trials"
