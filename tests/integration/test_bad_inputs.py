@@ -8,9 +8,13 @@ the dir's file tree (names, sizes, mtimes) is unchanged, so no runs dir was crea
 replaced; and the study's port is still free (no server was started).
 
 Cases prone to tracebacks (encodings, storage URLs, paths, every subcommand's arguments) run as
-real `python -m tuner` subprocesses, four at a time; the study-file content cases, which all go
-through the same `load_study`, run in-process through `tuner.cli.main` (their key fragments
-keep a wrong early error from passing). The module prints the corpus size and the pass count.
+processes of their own, four at a time: the first of each subcommand (and the read-only ones,
+under setpriv) as a fresh `python -m tuner`, the rest forked by a server that imported tuner
+once (tests/helpers/forkcli.py: the same `__main__`, its own session, cwd, environment and
+stderr, the interpreter's own exit; ~0.1-0.5 s of CPU a case instead of 1-2 s). The study-file
+content cases, which all go through the same `load_study`, run in-process through
+`tuner.cli.main` (their key fragments keep a wrong early error from passing). The module prints
+the corpus size and the pass count.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import copy
 import datetime
 import io
 import os
+import queue
 import resource
 import shutil
 import signal
@@ -34,6 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers.forkcli import ForkCLI
 from tests.helpers.net import free_port
 from tests.helpers.studies import REPO, TUNER, tuner_env
 from tuner.cli import main as tuner_main
@@ -48,7 +54,7 @@ ODD_PASSWORD = "hun/ter@2-planted"
 #: a case that runs longer has hung (each takes ~1-3 s, ~10 s on a busy machine)
 CASE_TIMEOUT_S = 60
 MEMORY_LIMIT = 3 << 30
-#: every case reads one module fixture that runs all the subprocess cases (~1 s of CPU each):
+#: every case reads one module fixture that runs all the subprocess cases (0.1-2 s of CPU each):
 #: keep the module on one xdist worker (pyproject's `--dist loadgroup`), so it runs them once
 pytestmark = pytest.mark.xdist_group("bad-inputs")
 #: a YAML alias bomb: 10 lists of 10 ... (9 levels) is 10**9 items by reference
@@ -1350,6 +1356,20 @@ def run_subprocess(case: Case, root: Path) -> Outcome:
     return Outcome(code, stderr, before, tree(cwd), port_free(port))
 
 
+def run_forked(case: Case, root: Path, server: ForkCLI) -> Outcome:
+    """The case as `run_subprocess` runs it, forked by a server that imported tuner.cli once."""
+    cwd, port = prepare(case, root)
+    args = [a if a != "PG" else _pg_url() for a in case.args]
+    before = tree(cwd)
+    err = root / "_stderr" / f"{case.id}.txt"  # beside the case's dir, not in its tree
+    err.parent.mkdir(exist_ok=True)
+    code = server.run(args, cwd, tuner_env(case.env), err, CASE_TIMEOUT_S, MEMORY_LIMIT)
+    stderr = err.read_text(errors="replace")
+    if code is None:  # a FIFO read, an endless file: the hang is the finding
+        stderr = f"timed out after {CASE_TIMEOUT_S} s\n{stderr}"
+    return Outcome(code, stderr, before, tree(cwd), port_free(port))
+
+
 def _limit_memory() -> None:
     # reading /dev/zero whole must fail this case, not swap the shared machine
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
@@ -1411,13 +1431,53 @@ def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             (Path(dirpath) / d).chmod(0o755)
 
 
+#: where the fresh cases' forked twins run, and their key in subprocess_outcomes
+TWIN = "forked"
+
+
+def fresh_ids(cases: list[Case]) -> set[str]:
+    """The subprocess cases that run as a fresh `python -m tuner` (the rest are forked): the
+    first of each subcommand (an interpreter's start and tuner's import, once per entry
+    point), and those that need a wrapper's prefix (read-only: setpriv)."""
+    first: dict[str, str] = {}
+    for c in cases:
+        if c.subprocess:
+            first.setdefault(c.args[0] if c.args else "", c.id)
+    return set(first.values()) | {c.id for c in cases if c.subprocess and c.no_dac}
+
+
 @pytest.fixture(scope="module")
 def subprocess_outcomes(corpus_root: Path) -> dict[str, Outcome]:
-    """Every subprocess case, four at a time (each is a fresh interpreter: ~1 s of CPU)."""
+    """Every subprocess case, four at a time: a few as fresh interpreters (~1 s of CPU each),
+    the rest forked by four servers that imported tuner once (tests/helpers/forkcli.py). The
+    fresh ones are forked too, under TWIN (in a dir of their own), for
+    test_a_forked_case_is_a_fresh_one."""
     subs = [c for c in CASES if c.subprocess]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        outcomes = pool.map(lambda c: run_subprocess(c, corpus_root), subs)
-        return {c.id: o for c, o in zip(subs, outcomes, strict=True)}
+    fresh = fresh_ids(subs)
+    twins = [c for c in subs if c.id in fresh and not c.no_dac]
+    servers: queue.Queue[ForkCLI] = queue.Queue()
+    started = [ForkCLI(tuner_env(), REPO) for _ in range(4)]
+    for s in started:
+        servers.put(s)
+
+    def run(case: Case, twin: bool = False) -> Outcome:
+        if case.id in fresh and not twin:
+            return run_subprocess(case, corpus_root)
+        server = servers.get()
+        try:
+            return run_forked(case, corpus_root / TWIN if twin else corpus_root, server)
+        finally:
+            servers.put(server)
+
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            outcomes = list(pool.map(run, subs))
+            twinned = list(pool.map(lambda c: run(c, twin=True), twins))
+    finally:
+        for s in started:
+            s.close()
+    out = {c.id: o for c, o in zip(subs, outcomes, strict=True)}
+    return out | {f"{c.id}@{TWIN}": o for c, o in zip(twins, twinned, strict=True)}
 
 
 RESULTS: dict[str, list[str]] = {}
@@ -1442,6 +1502,21 @@ def test_the_judge_can_fail(corpus_root: Path) -> None:
     out = run_subprocess(case, corpus_root)
     assert out.code == 0
     assert problems(case, out)
+
+
+def test_a_forked_case_is_a_fresh_one(
+    corpus_root: Path, subprocess_outcomes: dict[str, Outcome]
+) -> None:
+    """The cases run as a fresh `python -m tuner` (one per subcommand), forked by the server
+    instead, end the same: the same exit code and stderr."""
+    fresh = [c for c in CASES if c.id in fresh_ids(CASES) and not c.no_dac]
+    assert len({c.args[0] if c.args else "" for c in fresh}) >= 7  # tune, status, ... none
+    root = str(corpus_root / TWIN)
+    for case in fresh:
+        was, forked = subprocess_outcomes[case.id], subprocess_outcomes[f"{case.id}@{TWIN}"]
+        assert forked.code == was.code == 2, case.id
+        same = forked.stderr.replace(root, "ROOT")
+        assert same == was.stderr.replace(str(corpus_root), "ROOT"), case.id
 
 
 def test_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,9 @@ import pytest
 
 from tests.helpers.studies import REPO, tuner
 
-pytestmark = pytest.mark.slow
+#: one xdist worker for the module (pyproject's `--dist loadgroup`): `finished` runs a virtual
+#: study (~10 s) once per worker that runs any of these tests
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("output-guards")]
 
 DEMO = REPO / "search_spaces" / "demo-sim.yaml"
 

@@ -43,6 +43,10 @@ from tuner.search.space import distributions, fingerprint
 from tuner.study.storage import make_storage, open_study, storage_url
 from tuner.verdict.winner import best_trial
 
+#: one xdist worker for the module (pyproject's `--dist loadgroup`): `prepared` builds its
+#: study once per worker that runs any of these tests
+pytestmark = pytest.mark.xdist_group("study-tools")
+
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

@@ -125,13 +125,29 @@ def tune_cmd(
     return [*(prefix or TUNER), *args]
 
 
+def measured(tmp: Path, worker: str) -> bool:
+    """The worker has measured a trial (its metrics.json): it is mid-study, past its start."""
+    return any((tmp / worker / "runs" / "outage" / "trials").glob("*/metrics.json"))
+
+
+def wait_measured(tmp: Path, names: list[str], procs: list[subprocess.Popen]) -> None:
+    """Until every worker measured a trial (a fixed sleep was too short on a busy machine and
+    too long on an idle one); a worker that ends first fails the test."""
+    end = time.monotonic() + 120
+    while not all(measured(tmp, w) for w in names):
+        assert all(p.poll() is None for p in procs), "a worker ended before the outage"
+        assert time.monotonic() < end, "no trial measured in 120 s"
+        time.sleep(0.1)
+
+
 def test_two_workers_ride_out_a_postgres_restart(tmp_path: Path) -> None:
     n = 8
+    names = ["host-a", "host-b"]
     with restartable_postgres() as pg:
-        cmds = [tune_cmd(tmp_path, w, pg.url, n) for w in ("host-a", "host-b")]
+        cmds = [tune_cmd(tmp_path, w, pg.url, n) for w in names]
         t0 = time.monotonic()
         with workers(cmds) as procs:
-            time.sleep(10)  # both workers are mid-study: a few trials each
+            wait_measured(tmp_path, names, procs)  # both workers are mid-study
             assert all(p.poll() is None for p in procs), "a worker ended before the outage"
             pg.stop()
             down_at = time.monotonic()
@@ -170,7 +186,7 @@ def test_a_database_that_stays_down_ends_the_worker_in_one_line(tmp_path: Path) 
     with restartable_postgres() as pg:
         cmd = tune_cmd(tmp_path, "host-a", pg.url, 20, prefix=SHORT_BOUND)
         with workers([cmd]) as (proc,):
-            time.sleep(8)
+            wait_measured(tmp_path, ["host-a"], [proc])
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             pg.stop()
             down_at = time.monotonic()

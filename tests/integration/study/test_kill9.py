@@ -119,6 +119,10 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
     )
     data = yaml.safe_load(study.read_text())
     data["target"]["launch"][-1] = "0.6"  # start-up long enough to be killed while waiting
+    # load runs of 1.5 s, not the helper's 2.5 s: a kill lands 0-0.15 s after its phase begins,
+    # and every trial and confirmation still runs one (a TTFT limit must stay below the window)
+    data["workload"]["duration_s"] = 1.5
+    data["objective"]["slo"]["p99_ttft_ms"] = 1400
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     runs = tmp_path / "runs"
     trials = runs / "kill9" / "trials"
@@ -130,11 +134,13 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
             since = time.time()
             proc = _start(study, runs)
             try:
-                log.append(_kill_at(proc, trials, moment, rng, since))
+                what = _kill_at(proc, trials, moment, rng, since)
+                log.append(f"{what} ({time.time() - since:.1f} s after the start)")
             finally:
                 if proc.stderr is not None:
                     proc.stderr.close()
         orphans_after_kills = len(marked_groups(marker))
+        final_at = time.time()
         final = subprocess.run(
             _argv(study, runs),
             cwd=REPO,
@@ -142,6 +148,7 @@ def test_kill_9_at_every_phase_then_resume(tmp_path: Path) -> None:
             text=True,
             timeout=600,
         )
+        log.append(f"the last rerun finished the study in {time.time() - final_at:.1f} s")
         print("\n".join(log))
         print(f"orphans right after the last kill: {orphans_after_kills}")
         assert final.returncode == 0, final.stderr[-2000:]
