@@ -7,6 +7,7 @@ best.yaml; an interrupted virtual study resumes; a virtual study never mixes wit
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -89,6 +90,20 @@ def test_a_virtual_40_trial_study_writes_best_yaml(tmp_path: Path) -> None:
     assert done[0].user_attrs[Attr.STATUS] == Status.START_FAILED  # the baseline's mfs 0.98
     assert sum(bool(t.user_attrs.get(Attr.LAUNCHED)) for t in done) < 40  # probes reuse servers
     print(f"40-trial virtual study: {took:.1f} s wall (interpreter start included)")
+    # the time each trial held its server is the virtual clock's: a start of 0.3 s
+    # (--sim-startup-seconds), a 2.5 s window, though the whole study took seconds of wall
+    measured = [t for t in done if t.user_attrs[Attr.STATUS] in (Status.OK, Status.SLO_MISSED)]
+    for t in measured:
+        spent = t.user_attrs[Attr.SPENT]
+        assert spent["gpus"] == 1 and spent["load_s"] == pytest.approx(2.5, abs=0.3)
+        if t.user_attrs[Attr.RESTARTED]:
+            assert spent["startup_s"] == t.user_attrs[Attr.SERVER_INFO]["restart_s"] == 0.3
+    server_s = sum(t.user_attrs[Attr.SPENT]["server_s"] for t in done)
+    status = tuner("status", str(study), "--runs-dir", str(tmp_path / "runs"), "--json")
+    hours = json.loads(status.stdout)["gpu_hours"]
+    assert hours["search"] == pytest.approx(server_s / 3600, abs=1e-3) and hours["confirmation"] > 0
+    first = hours["first_within"]
+    assert first is not None and 0 < first["gpu_hours"] <= hours["search"]
 
 
 def test_an_interrupted_virtual_study_resumes(tmp_path: Path) -> None:
