@@ -127,3 +127,21 @@ def test_trials_from_before_the_records_are_counted_apart() -> None:
     assert spent.unrecorded == 1 and spent.search == pytest.approx(8.0)
     assert spent.first_within == (0, 0.0)  # held it before anything was recorded
     assert "1 trial(s) ran before time was recorded" in spent.text()
+
+
+def test_the_report_and_status_say_it_beside_the_winner() -> None:
+    import optuna
+
+    from tests.helpers.studies import study_dict
+    from tuner.config.load import parse_study
+    from tuner.report.page import verdict
+
+    study = optuna.create_study(direction="maximize")
+    for t in _numbered([_trial(0.9, 900.0, 1800), _trial(0.8, 1000.0, 1800)]):
+        study.add_trial(t)
+    study.set_user_attr(f"{CONFIRM_SPENT_ATTR}:w", {"1": [{"server_s": 1800, "gpus": 8}]})
+    cfg = parse_study(study_dict(space={"mem-fraction-static": {"low": 0.5, "high": 0.95}}))
+    page = verdict(cfg, study)
+    assert "Winner: trial 1" in page
+    assert "GPU-hours: 12.00 (search 8.00, confirmation 4.00" in page
+    assert "first within 2% of the winner&#x27;s score at 8.00 GPU-hours (trial #1)" in page
