@@ -47,6 +47,12 @@ def test_virtual_and_http_studies_propose_the_same_trials_and_agree(tmp_path: Pa
         print(f"{x.params}: HTTP {http:,.0f}, virtual {virt:,.0f} ({http / virt - 1:+.1%})")
         assert abs(http - virt) <= AGREE * virt, (x.params, http, virt)
         info_x, info_y = x.user_attrs[Attr.SERVER_INFO], y.user_attrs[Attr.SERVER_INFO]
+        # time held: the wall's on HTTP (a start is more than its 0.3 s of sleep), the virtual
+        # clock's in virtual time (exactly --sim-startup-seconds); both load for the window
+        spent_x, spent_y = x.user_attrs[Attr.SPENT], y.user_attrs[Attr.SPENT]
+        assert spent_x["load_s"] >= 2.5 and spent_y["load_s"] == pytest.approx(2.5, abs=0.3)
+        if x.user_attrs[Attr.RESTARTED]:  # else a reused server: nothing started
+            assert spent_x["startup_s"] > 0.3 and spent_y["startup_s"] == 0.3
         if info_x.get("max_total_num_tokens"):
             assert info_x["max_total_num_tokens"] == info_y["max_total_num_tokens"]
     # the identity check keeps the two apart: a real study does not resume in virtual time
