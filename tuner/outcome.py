@@ -60,6 +60,8 @@ METRIC_ATTRS = (
     "error_rate",
 )
 POOL_ATTR = "max_total_num_tokens"
+#: a trial's `Attr.SPENT` record: seconds by phase (trial/spent.py), with `server_s`, `gpus`
+SPENT_KEYS = ("startup_s", "warmup_s", "load_s", "stop_s", "other_s")
 
 
 class Status(StrEnum):
@@ -113,6 +115,8 @@ class Attr(StrEnum):
     #: the measured run's latency bins and request counts (verdict.tails.tails_of; inner: the best
     #: point's), pooled with its confirmation runs' for the winner's verdict (verdict/winner.py)
     TAILS = "latency_tails"
+    #: where the trial's server time went, by phase, and its GPUs (trial/spent.py)
+    SPENT = "time_spent"
 
 
 #: the attributes an outcome writes; copied as a whole when a duplicate is answered. Not

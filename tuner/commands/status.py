@@ -31,12 +31,14 @@ def run(args: argparse.Namespace) -> int:
 
     from tuner.report.rows import metric_unit, param_text, table_width, trial_rows, trials_table
     from tuner.study.storage import existing_study
+    from tuner.verdict.gpuhours import gpu_time
     from tuner.verdict.winner import best_trial, held_note
 
     cfg = load(args)
     study = existing_study(cfg, args.runs_dir, args.storage)
     best, summary = best_trial(study)
     rows = trial_rows(cfg, study)
+    spent = gpu_time(study.get_trials(deepcopy=False), study.user_attrs, summary.get("mean"))
     if args.json:
         out = {
             "study": cfg.study,
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             "best": None
             if best is None
             else {"trial": best.number, "params": rows[best.number]["params"], **summary},
+            "gpu_hours": spent.as_json(),
         }
         json.dump(out, sys.stdout, indent=2, default=str)
         print()
@@ -68,4 +71,5 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         console.print("no feasible trial yet: the table says why", highlight=False)
+    console.print(spent.text(), highlight=False, markup=False)
     return 0

@@ -25,6 +25,7 @@ from tuner.outcome import Attr, is_feasible
 from tuner.report.export import write_atomic
 from tuner.report.figures import TEMPLATE, Chart, contour, history, importance, pareto, slices, ttft
 from tuner.report.runs import confirmations, load_search, pool
+from tuner.verdict.gpuhours import gpu_time
 from tuner.verdict.winner import best_trial, held_note
 from tuner.watch.events import param_text
 
@@ -86,14 +87,16 @@ def _section(chart: Chart) -> tuple[str, str | None]:
 
 def verdict(cfg: StudyConfig, study: optuna.Study) -> str:
     best, summary = best_trial(study)
+    spent = gpu_time(study.get_trials(deepcopy=False), study.user_attrs, summary.get("mean"))
+    gpu = f"<p class='gpu-hours'>{html.escape(spent.text())}</p>"
     if best is None:
-        return "<p><b>No feasible configuration yet.</b></p>"
+        return "<p><b>No feasible configuration yet.</b></p>" + gpu
     runs = summary["runs"]
     spread = f", spread {summary['spread_pct']:.1f}%" if len(runs) > 1 else ""
     return (
         f"<p><b>Winner: trial {best.number}</b> ({html.escape(param_text(best.params))}): "
         f"{summary['mean']:,.1f} {html.escape(cfg.objective.metric)}, mean of {len(runs)} "
-        f"run{'s' if len(runs) != 1 else ''}{spread}{html.escape(held_note(summary))}.</p>"
+        f"run{'s' if len(runs) != 1 else ''}{spread}{html.escape(held_note(summary))}.</p>{gpu}"
     )
 
 

@@ -10,7 +10,10 @@
               "runs": [2512.3, 2483.9], "held": 2, "spread_pct": 1.1, "params": {...}},
      "best_yaml": "runs/demo-sim/best.yaml",
      "this_run": {"launched": 8, "rejected": 1, "duplicates": 1, "infra_failures": 0,
-                  "server_reuses": 2}}
+                  "server_reuses": 2},
+     "gpu_hours": {"total": 1.2, "search": 1.0, "confirmation": 0.2, "phases": {...},
+                   "unrecorded_trials": 0, "within_pct": 2.0,
+                   "first_within": {"trial": 4, "gpu_hours": 0.4}}}
 
 `event`: finished (the budget ran out, exit 0 or 1 when nothing was feasible), failed (the
 user's mistake, exit 2, or the host's, exit 1), stopped (a halt: resumable, exit 1),
@@ -36,6 +39,7 @@ from tuner.outcome import Attr, Status
 from tuner.server.launch import MIN_MASKED_LEN, REDACTED
 from tuner.study.storage import existing_study
 from tuner.study.storage_failure import storage_failure
+from tuner.verdict.gpuhours import gpu_time
 from tuner.verdict.trials import feasible_trials
 from tuner.verdict.winner import best_trial
 
@@ -146,8 +150,17 @@ def run_summary(
         "best": best_of(cfg, study) if study is not None else None,
         "best_yaml": str(best_yaml) if best_yaml else None,
         "this_run": this_run,
+        "gpu_hours": gpu_hours_of(study) if study is not None else None,
     }
     return mask(out, secrets_of(cfg))
+
+
+def gpu_hours_of(study: optuna.Study) -> dict[str, Any]:
+    """The study's GPU time so far (verdict/gpuhours.py), against its winner's score."""
+    _, summary = best_trial(study)
+    return gpu_time(
+        study.get_trials(deepcopy=False), study.user_attrs, summary.get("mean")
+    ).as_json()
 
 
 def secrets_of(cfg: StudyConfig) -> list[str]:

@@ -28,6 +28,7 @@ from tuner.study.callbacks import RideOut
 from tuner.study.states import STATE_OF
 from tuner.trial.runner import TrialRunner
 from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
+from tuner.verdict.gpuhours import CONFIRM_SPENT_ATTR
 from tuner.verdict.trials import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed, top_trials
 from tuner.verdict.winner import unsettled
 from tuner.watch.events import TrialStarted
@@ -61,6 +62,7 @@ class ConfirmRecord:
         self.values_key = f"{CONFIRM_ATTR}:{worker}"
         self.tails_key = f"{CONFIRM_TAILS_ATTR}:{worker}"
         self.rounds_key = f"{ROUNDS_ATTR}:{worker}"
+        self.worker = worker
         stored = study.user_attrs.get(self.tails_key) or {}
         self.values: dict[str, list[float]] = {
             k: list(v) for k, v in (study.user_attrs.get(self.values_key) or {}).items()
@@ -79,6 +81,13 @@ class ConfirmRecord:
         self.tails[str(number)].append(None if tails is None else dict(tails))
         self.study.set_user_attr(self.tails_key, self.tails)
         self.study.set_user_attr(self.values_key, self.values)
+
+    def spent(self, number: int, record: Mapping[str, Any]) -> None:
+        """Where a confirmation run's server time went (trial/spent.py, verdict/gpuhours.py)."""
+        key = f"{CONFIRM_SPENT_ATTR}:{self.worker}"
+        stored = dict(self.study.user_attrs.get(key) or {})
+        stored[str(number)] = [*(stored.get(str(number)) or []), dict(record)]
+        self.study.set_user_attr(key, stored)
 
     @property
     def rounds(self) -> int:
@@ -158,6 +167,7 @@ class Confirmation:
         spoiled, ride = 0, self.ride_out()
         while len(runs) < until:
             run = self._once(t, len(runs) + 1)
+            record.spent(t.number, self.runner.spent.record())  # a spoiled run's time too
             if run is None:
                 spoiled += 1
                 riding = ride.failed(f"a confirmation run of trial {t.number}")

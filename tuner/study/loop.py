@@ -270,6 +270,10 @@ class Tuning:
         except InfraError as exc:
             self._infra_failed(trial, str(exc))
             raise
+        finally:
+            # the time is spent whatever the end; a storage that fails here must not hide why
+            with contextlib.suppress(Exception):
+                trial.set_user_attr(Attr.SPENT, self.runner.spent.record())
         self._check_identity(outcome.server_info)
         return self.report(trial, outcome)
 

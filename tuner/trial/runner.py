@@ -30,7 +30,8 @@ Deadlines: `run(..., deadline=clock() + trial_timeout)`. Each phase gets min(its
 the time left) where the seam takes one (the load run's `time_limit_s`, the /health probe);
 between phases a passed deadline raises TrialTimeout naming the phase. `phase` is the phase the
 current trial reached; every change is appended to `<trial_dir>/phases.log` as
-`<unix time, ms> <phase>` (phases: restart, spawn, ready, warmup, load, scoring, done).
+`<unix time, ms> <phase>` (phases: restart, spawn, ready, warmup, load, scoring, done), and
+`spent` (trial/spent.py) times them on `clock`: where the trial's server time went.
 `on_progress`, when set, hears every phase change (`watch.events.PhaseChanged`) and, from a load
 seam that takes the keyword, the load run's own `LoadProgress`: the live display's feed.
 """
@@ -47,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tuner.capacity.layout import parallel_of
 from tuner.capacity.precheck import Hardware, Knowledge, precheck
 from tuner.config.schema import StudyConfig
 from tuner.errors import InfraError, TrialTimeout
@@ -62,6 +64,7 @@ from tuner.sglang.flags import LaunchFlags, effective_flags
 from tuner.trial.inner import InnerSearch
 from tuner.trial.learning import learned_death, learned_failure, learned_start, recalled
 from tuner.trial.rejected import rejected_flags, study_file_at_fault
+from tuner.trial.spent import PhaseTimes
 from tuner.verdict.tails import tails_of
 from tuner.watch.events import PhaseChanged
 
@@ -157,6 +160,7 @@ class TrialRunner:
         #: hears PhaseChanged and the load run's LoadProgress (None: nobody watches)
         self.on_progress: Callable[[Any], None] | None = None
         self.number: int | None = None  # the trial being run
+        self.spent = PhaseTimes(clock)  # the current (or last) trial's time by phase
 
     def flags_for(self, params: Mapping[str, Any]) -> LaunchFlags:
         """Fixed server flags plus the trial's server-side params, as the server is launched
@@ -184,7 +188,9 @@ class TrialRunner:
         self.deadline = deadline
         self._phases_log = trial_dir / "phases.log"
         self._logged = None
+        self.spent = PhaseTimes(self.clock)
         flags = self.flags_for(params)
+        self.spent.gpus = parallel_of(flags).gpus
         objective = self.cfg.objective
         verdict = precheck(flags, self.hardware, self.knowledge, self._least_concurrency(params))
         if not verdict.feasible:
@@ -253,6 +259,7 @@ class TrialRunner:
         if phase == self._logged:
             return
         self.phase = self._logged = phase
+        self.spent.enter(phase)
         if self.on_progress is not None and self.number is not None:
             self.on_progress(PhaseChanged(self.number, phase))
         if self._phases_log is not None:
@@ -404,6 +411,7 @@ class TrialRunner:
             self._enter("spawn", check=False)
 
         result = self.server.restart(spec, log, launched)
+        self.spent.stopped(result.timings.stop_s)
         self._save_log(trial_dir)
         if result.ok:
             self.started, self.version = True, result.version or self.version

@@ -65,6 +65,8 @@ def test_piped_tune_prints_plain_lines_and_notifies(tmp_path: Path) -> None:
     assert sent["trials"]["complete"] == 2 and sent["best_yaml"].endswith("best.yaml")
     assert sent["best"]["params"]["mem-fraction-static"] < 0.98
     assert 1 <= sent["best"]["held"] <= len(sent["best"]["runs"])  # the first run held alone
+    hours = sent["gpu_hours"]  # 1 GPU, seconds of wall: start-ups and a 2.5 s window
+    assert 0 < hours["search"] < 0.02 and hours["confirmation"] == 0 and hours["first_within"]
 
 
 def test_a_failed_run_notifies_and_a_failing_notifier_changes_nothing(tmp_path: Path) -> None:

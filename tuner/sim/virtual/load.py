@@ -146,11 +146,13 @@ class VirtualRun:
         if opt.flush_cache and proc.dead is None:
             proc.engine.flush_cache()
             proc.idle_until(proc.now + opt.flush_pause_s)
+        warmed = proc.now
+        proc.advance_clock(warmed - began)  # the study's clock times warm-up and load apart
         if on_phase is not None:
             on_phase("load")
         result = _Timed(self).run()
         elapsed = proc.now - began
-        proc.advance_clock(elapsed)
+        proc.advance_clock(proc.now - warmed)
         if time_limit_s is not None and elapsed > time_limit_s:
             raise TrialTimeout(f"load run cut at the trial's time left ({time_limit_s:.0f} s)")
         return result

@@ -7,6 +7,7 @@ best.yaml; an interrupted virtual study resumes; a virtual study never mixes wit
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -46,6 +47,12 @@ def test_virtual_and_http_studies_propose_the_same_trials_and_agree(tmp_path: Pa
         print(f"{x.params}: HTTP {http:,.0f}, virtual {virt:,.0f} ({http / virt - 1:+.1%})")
         assert abs(http - virt) <= AGREE * virt, (x.params, http, virt)
         info_x, info_y = x.user_attrs[Attr.SERVER_INFO], y.user_attrs[Attr.SERVER_INFO]
+        # time held: the wall's on HTTP (a start is more than its 0.3 s of sleep), the virtual
+        # clock's in virtual time (exactly --sim-startup-seconds); both load for the window
+        spent_x, spent_y = x.user_attrs[Attr.SPENT], y.user_attrs[Attr.SPENT]
+        assert spent_x["load_s"] >= 2.5 and spent_y["load_s"] == pytest.approx(2.5, abs=0.3)
+        if x.user_attrs[Attr.RESTARTED]:  # else a reused server: nothing started
+            assert spent_x["startup_s"] > 0.3 and spent_y["startup_s"] == 0.3
         if info_x.get("max_total_num_tokens"):
             assert info_x["max_total_num_tokens"] == info_y["max_total_num_tokens"]
     # the identity check keeps the two apart: a real study does not resume in virtual time
@@ -89,6 +96,20 @@ def test_a_virtual_40_trial_study_writes_best_yaml(tmp_path: Path) -> None:
     assert done[0].user_attrs[Attr.STATUS] == Status.START_FAILED  # the baseline's mfs 0.98
     assert sum(bool(t.user_attrs.get(Attr.LAUNCHED)) for t in done) < 40  # probes reuse servers
     print(f"40-trial virtual study: {took:.1f} s wall (interpreter start included)")
+    # the time each trial held its server is the virtual clock's: a start of 0.3 s
+    # (--sim-startup-seconds), a 2.5 s window, though the whole study took seconds of wall
+    measured = [t for t in done if t.user_attrs[Attr.STATUS] in (Status.OK, Status.SLO_MISSED)]
+    for t in measured:
+        spent = t.user_attrs[Attr.SPENT]
+        assert spent["gpus"] == 1 and spent["load_s"] == pytest.approx(2.5, abs=0.3)
+        if t.user_attrs[Attr.RESTARTED]:
+            assert spent["startup_s"] == t.user_attrs[Attr.SERVER_INFO]["restart_s"] == 0.3
+    server_s = sum(t.user_attrs[Attr.SPENT]["server_s"] for t in done)
+    status = tuner("status", str(study), "--runs-dir", str(tmp_path / "runs"), "--json")
+    hours = json.loads(status.stdout)["gpu_hours"]
+    assert hours["search"] == pytest.approx(server_s / 3600, abs=1e-3) and hours["confirmation"] > 0
+    first = hours["first_within"]
+    assert first is not None and 0 < first["gpu_hours"] <= hours["search"]
 
 
 def test_an_interrupted_virtual_study_resumes(tmp_path: Path) -> None:
