@@ -107,6 +107,7 @@ class Attr(StrEnum):
     PROBES_LEFT = "probes_left"
     EDGE_OF = "edge_of"  # mfs raised toward its cliff from this best trial's (search/edge.py)
     EDGE_PIN = "edge_pin"  # mfs pinned at this best trial's cliff, the other flags sampled
+    EDGE_NEIGHBOUR = "edge_neighbour"  # this best's params, one layout flag changed (neighbour.py)
     BASELINE = "baseline"  # trial 0: the study file's baseline or SGLang's defaults
     #: a world failure that came back the same way on every retry, counted as the config's
     REPRODUCED = "reproduced"

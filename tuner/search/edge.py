@@ -46,9 +46,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.capacity.precheck import MEMORY_FLAGS, memory_key
 from tuner.config.schema import StudyConfig
-from tuner.config.space import CLIENT_PARAMS
+from tuner.config.space import CLIENT_PARAMS, ParamSpec
 from tuner.outcome import POOL_ATTR, Attr, Status, is_feasible
 from tuner.search.mode import NAME, sampled_space
+from tuner.search.neighbour import PROMISING, neighbour_probe
 from tuner.search.space import canonical, distributions
 from tuner.sglang.failures import FailureClass
 from tuner.sglang.flags import full_name
@@ -97,6 +98,7 @@ class Probe(NamedTuple):
     params: dict[str, Any]
     of: int  # the trial whose other flags it keeps, at a higher mfs
     pin: bool = False  # only mfs and the memory flags are set: the sampler draws the rest
+    neighbour: bool = False  # one layout flag changed (search/neighbour.py)
 
 
 def _measured(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
@@ -237,13 +239,15 @@ def edge_probe(
     flags_for: Callable[[Flags], Flags],
     holds: Holds | None = None,
     sampled: Sequence[str] = (),
+    space: Mapping[str, ParamSpec] | None = None,
 ) -> Probe | None:
     """The next probe toward mfs's cliff, or None (nothing left to probe).
 
     `trials`: the study's (those queued or running count as tried); `dist`: mfs's
     distribution; `flags_for`: params -> server flags; `holds`: pool -> requests it holds at
     full length (the inner search's; None: the pool is taken to bind); `sampled`: the
-    server params the sampler proposes (none: no pin)."""
+    server params the sampler proposes (none: no pin); `space`: the sampled space (None: no
+    neighbours)."""
     best = _best(trials)
     grid = ladder(dist)
     if best is None or not grid or _pool_idle(best, trials, holds):
@@ -258,7 +262,53 @@ def edge_probe(
         return Probe({**best.params, MFS: pick}, best.number)
     if not _at_cliff(best, hi, grid):
         return None
-    return _lift(best, trials, flags_for) or _pin(best, trials, sampled)
+    return (
+        _lift(best, trials, flags_for)
+        or _pin(best, trials, sampled)
+        or _other_cliffs(best, trials, grid, flags_for, holds)
+        or _next_to(best, trials, grid, flags_for, space)
+    )
+
+
+def _other_cliffs(
+    best: FrozenTrial,
+    trials: Sequence[FrozenTrial],
+    grid: list[float],
+    flags_for: Callable[[Flags], Flags],
+    holds: Holds | None,
+) -> Probe | None:
+    """Each memory layout has its own cliff (a smaller CUDA-graph batch or no draft leaves room
+    for a larger pool): the best server of another layout that served within PROMISING of the
+    best is climbed toward its own cliff, as the best was. A neighbour run at the best's mfs
+    is then taken to where its layout can go before it is judged."""
+    seen = {memory_key(flags_for(best.params))}
+    for t in _measured(trials):
+        key = memory_key(flags_for(t.params))
+        if key in seen:
+            continue
+        seen.add(key)
+        if t.values[0] < PROMISING * best.values[0] or _pool_idle(t, trials, holds):
+            continue
+        hi, failed = _above(t, trials, flags_for)
+        m_t = _mfs(t)
+        pick = _bisect(m_t, hi, grid) if failed and m_t is not None else None
+        if pick is not None:
+            return Probe({**t.params, MFS: pick}, t.number)
+    return None
+
+
+def _next_to(
+    best: FrozenTrial,
+    trials: Sequence[FrozenTrial],
+    grid: list[float],
+    flags_for: Callable[[Flags], Flags],
+    space: Mapping[str, ParamSpec] | None,
+) -> Probe | None:
+    """At the cliff, lifted and pinned: a neighbour layout (search/neighbour.py)."""
+    if not space:
+        return None
+    params = neighbour_probe(best, trials, _measured(trials), space, grid, flags_for, _fails_on_gpu)
+    return Probe(params, best.number, neighbour=True) if params is not None else None
 
 
 class ProbeEdge:
@@ -272,9 +322,10 @@ class ProbeEdge:
         n_trials: int | None = None,
         holds: Holds | None = None,
         sampled: Sequence[str] = (),
+        space: Mapping[str, ParamSpec] | None = None,
     ):
         self.dist, self.flags_for, self.n_trials = dist, flags_for, n_trials
-        self.holds, self.sampled = holds, tuple(sampled)
+        self.holds, self.sampled, self.space = holds, tuple(sampled), space
 
     @classmethod
     def of(
@@ -290,7 +341,7 @@ class ProbeEdge:
         space = sampled_space(cfg)
         dist = distributions(space).get(MFS) if cfg.sampler.mfs_edge else None
         server = [k for k in space if k not in CLIENT_PARAMS]
-        return cls(dist, flags_for, n_trials, holds, server)
+        return cls(dist, flags_for, n_trials, holds, server, space)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self.dist is None or trial.state != TrialState.COMPLETE:
@@ -302,7 +353,7 @@ class ProbeEdge:
         if any(t.state == TrialState.WAITING for t in trials):
             return
         live = [t for t in trials if t.state != TrialState.FAIL]
-        probe = edge_probe(live, self.dist, self.flags_for, self.holds, self.sampled)
+        probe = edge_probe(live, self.dist, self.flags_for, self.holds, self.sampled, self.space)
         if probe is None:
             return
         if probe.pin:
@@ -311,4 +362,5 @@ class ProbeEdge:
         key = canonical(probe.params)
         if any(canonical(t.params) == key for t in live):
             return
-        study.enqueue_trial(probe.params, user_attrs={Attr.EDGE_OF: probe.of})
+        attr = Attr.EDGE_NEIGHBOUR if probe.neighbour else Attr.EDGE_OF
+        study.enqueue_trial(probe.params, user_attrs={attr: probe.of})

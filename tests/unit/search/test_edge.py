@@ -106,7 +106,14 @@ def test_at_the_cliff_a_server_that_served_more_per_pool_token_is_lifted_to_it()
     other = trial(0.88, Status.OK, 860, pool=110_000, **{h: 30, "chunked-prefill-size": 2048})
     best = trial(0.91, Status.OK, 940, pool=140_000, **{h: 0, "chunked-prefill-size": 8192})
     died = trial(0.92, Status.DIED, **{h: 0, "chunked-prefill-size": 8192})
-    assert probe(best, died, other) is None
+    found = edge_probe([best, died, other], DIST, flags_for)
+    # ... it is climbed toward its own cliff instead (search/edge.py `_other_cliffs`)
+    assert (
+        found is not None
+        and found.of == other.number
+        and found.params["chunked-prefill-size"] == 2048
+    )
+    assert found.params[MFS] == pytest.approx(0.92)
 
 
 def served(

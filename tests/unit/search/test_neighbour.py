@@ -1,0 +1,145 @@
+"""Neighbours of the best at its cliff: one layout flag changed, ranked by evidence, at an mfs
+below the layout's known failures, never twice, at most PER_BEST per best."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import FrozenTrial, create_trial
+
+from tuner.config.space import ParamSpec
+from tuner.outcome import Attr, Status
+from tuner.search.edge import MFS, ladder
+from tuner.search.neighbour import PER_BEST, layout_params, neighbour_probe
+
+DIST = FloatDistribution(0.85, 0.95, step=0.02)
+GRID = ladder(DIST)
+SPACE = {
+    MFS: ParamSpec(low=0.85, high=0.95, step=0.02),
+    "hicache-size": ParamSpec(choices=[0, 40]),
+    "enable-dp-attention": ParamSpec(type="bool"),
+    "data-parallel-size": ParamSpec(choices=[4, 8], when={"enable-dp-attention": True}),
+    "cuda-graph-max-bs": ParamSpec(choices=[64, 256]),
+    "speculative-algorithm": ParamSpec(choices=["none", "EAGLE3"]),
+    "speculative-num-steps": ParamSpec(
+        low=2, high=4, step=1, when={"speculative-algorithm": "EAGLE3"}
+    ),
+}
+FIXED = {"model-path": "m", "tensor-parallel-size": 8}
+BASE = {
+    "hicache-size": 0,
+    "enable-dp-attention": True,
+    "data-parallel-size": 4,
+    "cuda-graph-max-bs": 64,
+    "speculative-algorithm": "none",
+}
+
+
+def flags_for(params: dict[str, Any]) -> dict[str, Any]:
+    return {**FIXED, **params}
+
+
+def trial(
+    mfs: float, status: Status, value: float = 0.0, attrs: dict[str, Any] | None = None, **over: Any
+) -> FrozenTrial:
+    params = {k: v for k, v in {**BASE, **over}.items() if v is not None}
+    ok = status == Status.OK
+    return create_trial(
+        params={MFS: mfs, **params},
+        distributions={MFS: DIST, **{k: CategoricalDistribution([v]) for k, v in params.items()}},
+        values=[value if ok else 0.0],
+        user_attrs={Attr.STATUS: status, **(attrs or {})},
+        system_attrs={"constraints": [-1.0 if ok else 1.0]},
+    )
+
+
+def fails_on_gpu(t: FrozenTrial) -> bool:
+    return t.user_attrs.get(Attr.STATUS) == Status.DIED
+
+
+def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    ok = [t for t in trials if t.user_attrs[Attr.STATUS] == Status.OK]
+    return sorted(ok, key=lambda t: -t.values[0])
+
+
+def next_to(best: FrozenTrial, *others: FrozenTrial) -> dict[str, Any] | None:
+    trials = [best, *others]
+    return neighbour_probe(best, trials, measured(trials), SPACE, GRID, flags_for, fails_on_gpu)
+
+
+def test_layout_params_are_the_memory_flags_with_choices() -> None:
+    assert layout_params(SPACE) == [
+        "enable-dp-attention",
+        "data-parallel-size",
+        "cuda-graph-max-bs",
+        "speculative-algorithm",
+    ]
+
+
+def test_the_value_that_served_best_elsewhere_comes_first_at_the_bests_mfs() -> None:
+    best = trial(0.95, Status.OK, 900)
+    dp8 = trial(0.89, Status.OK, 850, **{"data-parallel-size": 8})
+    spec = trial(
+        0.91, Status.OK, 800, **{"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3}
+    )
+    got = next_to(best, dp8, spec)
+    assert got == {**BASE, "data-parallel-size": 8, MFS: 0.95}
+
+
+def test_a_value_that_never_served_near_the_best_is_left_to_the_sampler() -> None:
+    best = trial(0.95, Status.OK, 900)
+    weak = {"data-parallel-size": 8}
+    # every other layout value is ruled out by weak evidence; unseen ones remain
+    others = [
+        trial(0.89, Status.OK, 100, **weak),
+        trial(0.89, Status.OK, 100, **{"cuda-graph-max-bs": 256}),
+        trial(0.89, Status.OK, 100, **{"enable-dp-attention": False, "data-parallel-size": None}),
+    ]
+    got = next_to(best, *others)
+    # the only unseen value: speculation on, its steps from the range's middle (no donor)
+    assert got == {**BASE, "speculative-algorithm": "EAGLE3", "speculative-num-steps": 3, MFS: 0.95}
+
+
+def test_activated_params_come_from_the_best_donor_and_deactivated_ones_are_dropped() -> None:
+    best = trial(
+        0.93, Status.OK, 900, **{"speculative-algorithm": "EAGLE3", "speculative-num-steps": 2}
+    )
+    off = trial(0.87, Status.OK, 880)
+    got = next_to(best, off)
+    assert got is not None and got["speculative-algorithm"] == "none"
+    assert "speculative-num-steps" not in got
+    # DP attention off drops its size; turning speculation on takes the donor's steps
+    best = trial(0.93, Status.OK, 900)
+    donors = [
+        trial(
+            0.87, Status.OK, 890, **{"speculative-algorithm": "EAGLE3", "speculative-num-steps": 4}
+        ),
+        trial(
+            0.85, Status.OK, 700, **{"speculative-algorithm": "EAGLE3", "speculative-num-steps": 2}
+        ),
+    ]
+    got = next_to(best, *donors)
+    assert got == {**BASE, "speculative-algorithm": "EAGLE3", "speculative-num-steps": 4, MFS: 0.93}
+
+
+def test_the_mfs_goes_below_a_gpu_failure_of_that_layout_and_tried_layouts_are_skipped() -> None:
+    best = trial(0.95, Status.OK, 900)
+    dp8 = {"data-parallel-size": 8}
+    died = trial(0.93, Status.DIED, **dp8)
+    assert next_to(best, trial(0.87, Status.OK, 890, **dp8), died)[MFS] == 0.91
+    # that layout ran at 0.91 already: the next neighbour instead
+    ran = trial(0.91, Status.OK, 850, **dp8)
+    got = next_to(best, trial(0.87, Status.OK, 890, **dp8), died, ran)
+    assert got is not None and got.get("data-parallel-size") != 8
+
+
+def test_at_most_per_best_neighbours_per_best() -> None:
+    best = trial(0.95, Status.OK, 900)
+    best.number = 3
+    ran = [
+        trial(0.95, Status.OK, 800, attrs={Attr.EDGE_NEIGHBOUR: 3}, **{"cuda-graph-max-bs": 256})
+        for _ in range(PER_BEST)
+    ]
+    assert next_to(best, *ran) is None
+    assert next_to(best, *ran[: PER_BEST - 1]) is not None
