@@ -27,6 +27,14 @@ It behaves like kubectl against a one-namespace cluster where the tuner depends 
   127.0.0.1:LOCAL to 127.0.0.1:REMOTE (the "pod's" loopback is this machine's), "Forwarding
   from ..." once it listens; refused for a pod not Running; it ends when the pod stops running.
 - `auth can-i VERB RESOURCE` (yes, unless the test denied it), `version --client`.
+- a LeaderWorkerSet (`create`, `get leaderworkersets -l SEL`, `delete leaderworkerset/NAME`):
+  the controller's part is played at once: `size` pods from the leader and worker templates,
+  named as LWS names them (`NAME-0` the leader, `NAME-0-1` ... the workers), labelled
+  `leaderworkerset.sigs.k8s.io/name` and `/worker-index`, with LWS_LEADER_ADDRESS (127.0.0.1:
+  the fake's pods share this machine's loopback, where a real one is `NAME-0.NAME.NS`),
+  LWS_GROUP_SIZE and LWS_WORKER_INDEX in their env, which `$(VAR)` in args expands as the
+  kubelet does. A worker's `--port` is moved to a free one (a real pod has its own loopback;
+  here the leader's port is taken). Deleting the set deletes its pods.
 
 The state directory holds `calls.jsonl`, `pods/NAME.json` (the manifest, the node, the process,
 its exit code), `pods/NAME.log`, `secrets/NAME.json`. Only the standard library.
@@ -89,6 +97,7 @@ class FakeKubectl(FakeBin):
         }
         super().__init__(root, THIS, {"kubectl": ""}, "pods", config)
         (self.state / "secrets").mkdir(exist_ok=True)
+        (self.state / "lws").mkdir(exist_ok=True)
 
     def pods(self) -> dict[str, dict]:
         """name -> the pod as `get -o json` shows it."""
@@ -313,7 +322,11 @@ def _start(state: Path, rec: dict, config: dict) -> None:
                 _save(state, rec)
                 return
             env[e["name"]] = secret["stringData"][ref["key"]]
-    cmd = [*c.get("command", []), *c.get("args", [])]
+    cmd = [_expand(a, env) for a in [*c.get("command", []), *c.get("args", [])]]
+    if env.get("LWS_WORKER_INDEX", "0") != "0":  # the leader's port is taken on this loopback
+        for j in range(1, len(cmd)):
+            if cmd[j - 1] == "--port":
+                cmd[j] = str(_free_port())
     if (
         len(cmd) >= 3
         and os.path.basename(cmd[0]).startswith("python")
@@ -338,6 +351,53 @@ def _start(state: Path, rec: dict, config: dict) -> None:
     rec.update(pid=init.pid, start=st[19] if st else "", started_at=time.time(), argv=cmd)
     rec["env"] = sorted(env)
     _save(state, rec)
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """`$(VAR)` replaced by the container's variable, as the kubelet does (unknown: kept)."""
+    for k, v in env.items():
+        arg = arg.replace(f"$({k})", v)
+    return arg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def _lws_pods(lws: dict) -> list[dict]:
+    """The pods the LWS controller makes for a set of one group."""
+    name, ns = lws["metadata"]["name"], lws["metadata"].get("namespace", "default")
+    tpl = lws["spec"]["leaderWorkerTemplate"]
+    size = int(tpl.get("size", 1))
+    out = []
+    for i in range(size):
+        t = json.loads(json.dumps(tpl.get("leaderTemplate") if i == 0 else tpl["workerTemplate"]))
+        t = t or json.loads(json.dumps(tpl["workerTemplate"]))
+        meta = t.get("metadata") or {}
+        labels = {**(meta.get("labels") or {}), LWS_NAME: name, LWS_INDEX: str(i)}
+        for c in t["spec"]["containers"]:
+            c["env"] = [
+                {"name": "LWS_LEADER_ADDRESS", "value": "127.0.0.1"},
+                {"name": "LWS_GROUP_SIZE", "value": str(size)},
+                {"name": "LWS_WORKER_INDEX", "value": str(i)},
+                *(c.get("env") or []),
+            ]
+        pod_name = f"{name}-0" if i == 0 else f"{name}-0-{i}"
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {**meta, "name": pod_name, "namespace": ns, "labels": labels},
+                "spec": t["spec"],
+            }
+        )
+    return out
 
 
 def _secret(state: Path, name: str) -> dict | None:
@@ -369,7 +429,7 @@ def _create(state: Path, ns: str, args: list[str]) -> int:
         return _fail(f'Error from server (NotFound): namespaces "{ns}" not found')
     for obj in objs:
         kind, name = obj["kind"], obj["metadata"]["name"]
-        resource = {"Pod": "pods", "Secret": "secrets"}[kind]
+        resource = {"Pod": "pods", "Secret": "secrets", "LeaderWorkerSet": "leaderworkersets"}[kind]
         if _denied(state, "create", resource):
             return _forbidden("create", resource, ns)
         with _locked(state):
@@ -381,13 +441,28 @@ def _create(state: Path, ns: str, args: list[str]) -> int:
                     )
                 path.write_text(json.dumps(obj))
                 path.chmod(0o600)
+            elif kind == "LeaderWorkerSet":
+                path = state / "lws" / f"{name}.json"
+                if path.exists():
+                    return _fail(
+                        f"Error from server (AlreadyExists): leaderworkersets.leaderworkerset"
+                        f'.x-k8s.io "{name}" already exists'
+                    )
+                path.write_text(json.dumps(obj))
+                for pod in _lws_pods(obj):
+                    rec = {"name": pod["metadata"]["name"], "pod": pod, "node": None, "pid": None}
+                    rec["exit_code"] = None
+                    _save(state, rec)
+                    _schedule(state, rec)
             else:
                 if _load(state, name) is not None:
                     return _fail(f'Error from server (AlreadyExists): pods "{name}" already exists')
                 rec = {"name": name, "pod": obj, "node": None, "pid": None, "exit_code": None}
                 _save(state, rec)
                 _schedule(state, rec)
-        print(f"{kind.lower()}/{name}" if "name" in args else f"{kind.lower()}/{name} created")
+        shown = "leaderworkerset.leaderworkerset.x-k8s.io" if kind == "LeaderWorkerSet" else kind
+        shown = shown.lower()
+        print(f"{shown}/{name}" if "name" in args else f"{shown}/{name} created")
     return 0
 
 
@@ -443,6 +518,11 @@ def _get(state: Path, ns: str, args: list[str]) -> int:
         print(json.dumps(_view(state, rec)))
         return 0
     out = []
+    if {"leaderworkersets", "leaderworkerset", "lws"} & set(kinds):
+        for p in sorted((state / "lws").glob("*.json")):
+            lws = json.loads(p.read_text())
+            if _matches(lws["metadata"].get("labels", {}), sel):
+                out.append(lws)
     if {"pods", "pod", "po"} & set(kinds):
         out += [
             _view(state, r)
@@ -465,6 +545,10 @@ def _delete(state: Path, ns: str, args: list[str]) -> int:
     targets: list[tuple[str, str]] = []
     if sel:
         kinds = words[0].split(",") if words else []
+        if {"leaderworkersets", "leaderworkerset", "lws"} & set(kinds):
+            for p in sorted((state / "lws").glob("*.json")):
+                if _matches(json.loads(p.read_text())["metadata"].get("labels", {}), sel):
+                    targets.append(("leaderworkerset", p.stem))
         if {"pods", "pod"} & set(kinds):
             targets += [
                 ("pod", n)
@@ -479,8 +563,20 @@ def _delete(state: Path, ns: str, args: list[str]) -> int:
         targets = [tuple(w.split("/", 1)) for w in words]  # type: ignore[misc]
     rc = 0
     for kind, name in targets:
+        kind = "leaderworkerset" if kind.startswith("leaderworkerset") else kind
         if _denied(state, "delete", kind + "s"):
             return _forbidden("delete", kind + "s", ns)
+        if kind == "leaderworkerset":
+            path = state / "lws" / f"{name}.json"
+            if not path.exists():
+                rc = rc if ignore else _fail(f'Error from server (NotFound): "{name}" not found')
+                continue
+            for pod, rec in _records(state).items():  # the controller's pods go first
+                if rec["pod"]["metadata"].get("labels", {}).get(LWS_NAME) == name:
+                    _delete_pod(state, pod)
+            path.unlink()
+            print(f'leaderworkerset.leaderworkerset.x-k8s.io "{name}" deleted')
+            continue
         if kind == "secret":
             path = state / "secrets" / f"{name}.json"
             if not path.exists():
@@ -493,22 +589,29 @@ def _delete(state: Path, ns: str, args: list[str]) -> int:
             path.unlink()
             print(f'secret "{name}" deleted')
             continue
-        rec = _load(state, name)
-        if rec is None:
+        if not _delete_pod(state, name):
             rc = rc if ignore else _fail(f'Error from server (NotFound): pods "{name}" not found')
             continue
-        if rec.get("pid") and _alive(rec):
-            grace = float(rec["pod"]["spec"].get("terminationGracePeriodSeconds", 30))
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rec["pid"], signal.SIGTERM)
-            if not _wait(lambda r=rec: not _session_pids(r["pid"]), grace):
-                _kill(rec)
-        elif rec.get("pid"):
-            _kill(rec)  # a container whose init ended may leave children: the node reaps them
-        with _locked(state), contextlib.suppress(FileNotFoundError):
-            _path(state, name).unlink()
         print(f'pod "{name}" deleted')
     return rc
+
+
+def _delete_pod(state: Path, name: str) -> bool:
+    """TERM, KILL after the grace period, the record gone; False if there was none."""
+    rec = _load(state, name)
+    if rec is None:
+        return False
+    if rec.get("pid") and _alive(rec):
+        grace = float(rec["pod"]["spec"].get("terminationGracePeriodSeconds", 30))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec["pid"], signal.SIGTERM)
+        if not _wait(lambda r=rec: not _session_pids(r["pid"]), grace):
+            _kill(rec)
+    elif rec.get("pid"):
+        _kill(rec)  # a container whose init ended may leave children: the node reaps them
+    with _locked(state), contextlib.suppress(FileNotFoundError):
+        _path(state, name).unlink()
+    return True
 
 
 def _logs(state: Path, ns: str, args: list[str]) -> int:

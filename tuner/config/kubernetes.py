@@ -87,6 +87,11 @@ class KubernetesSection(Model):
     command_timeout_s: Duration = 60
     #: the longest wait between two looks at a pod (scheduling, deletion, the follower)
     poll_s: Duration = 2
+    #: pods per server: N > 1 makes each server a LeaderWorkerSet of N pods (one SGLang over
+    #: them: --nnodes N --node-rank $(LWS_WORKER_INDEX), server/kube.py `lws_manifest`)
+    nodes: int = Field(1, ge=1, le=64)
+    #: the leader pod's port of the ranks' rendezvous (--dist-init-addr LEADER:PORT)
+    dist_init_port: int = Field(5000, ge=1, le=65535)
 
     @field_validator("namespace", "name_prefix")
     @classmethod
@@ -202,9 +207,10 @@ def kubernetes_problem(target: Any, server: Mapping[str, object]) -> tuple[str, 
             "with target.kubernetes the server is reached inside its pod (port-forward): leave "
             "it out, or 127.0.0.1 / 0.0.0.0"
         )
-    if "nnodes" in server or "dist-init-addr" in server:
-        return "server.nnodes", (
-            "a server spanning several pods (LeaderWorkerSet) is not supported yet: one pod "
-            "per server (docs/kubernetes.md)"
-        )
+    for key in ("nnodes", "node-rank", "dist-init-addr"):
+        if key in server:
+            return f"server.{key}", (
+                "with target.kubernetes the tuner sets it: a server spanning pods is "
+                "target.kubernetes.nodes (a LeaderWorkerSet, docs/kubernetes.md)"
+            )
     return "target.kubernetes", None

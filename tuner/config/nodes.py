@@ -113,7 +113,7 @@ def nodes_problem(
     for key, why in (
         ("target.slurm", "Slurm places a multi-node server itself (not supported yet)"),
         ("target.container", "containers per node are not supported yet"),
-        ("target.kubernetes", "a pod per server; LeaderWorkerSet is not supported yet"),
+        ("target.kubernetes", "a server across pods is target.kubernetes.nodes"),
         ("target.http_host", "the tuner reaches rank 0 through nodes[0] (its SSH tunnel)"),
     ):
         if getattr(target, key.split(".")[1]):

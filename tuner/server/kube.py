@@ -133,6 +133,68 @@ def pod_manifest(
     return merge_patch(pod, section.pod_patch)
 
 
+#: LeaderWorkerSet (kubernetes-sigs/lws): the API, the label naming each pod's index in its
+#: group (0: the leader), and the variables the controller sets in every container (native
+#: since LWS v0.6.0): the leader's address, the group's size, the pod's index
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_ENV = ("LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
+
+
+def lws_pods(name: str, size: int) -> list[str]:
+    """The pods of the set `name` with one group, as LWS names them: the leader `NAME-0` (the
+    leader StatefulSet's ordinal 0), then the workers `NAME-0-1` .. `NAME-0-(size-1)` (the
+    group's worker StatefulSet `NAME-0`, ordinals from 1)."""
+    return [f"{name}-0", *(f"{name}-0-{i}" for i in range(1, size))]
+
+
+def lws_manifest(pod: Mapping[str, Any], nodes: int, dist_init_port: int) -> dict[str, Any]:
+    """The LeaderWorkerSet of one server spanning `nodes` pods, from its one-pod manifest
+    (`pod_manifest`, the patch merged): the leader and worker templates are that pod, the
+    server's args plus `--nnodes N --node-rank $(LWS_WORKER_INDEX) --dist-init-addr
+    $(LWS_LEADER_ADDRESS):PORT` (the kubelet expands `$(VAR)` from the container's env, where
+    the controller put them). `replicas: 1` (one server), restartPolicy `None`: a pod that
+    fails is judged by the tuner, the group is not recreated behind its back."""
+    meta = pod["metadata"]
+    spec = copy.deepcopy(pod["spec"])
+    for c in spec["containers"]:
+        if c["name"] == CONTAINER:
+            c["args"] = [
+                *c.get("args", []),
+                "--nnodes",
+                str(nodes),
+                "--node-rank",
+                "$(LWS_WORKER_INDEX)",
+                "--dist-init-addr",
+                f"$(LWS_LEADER_ADDRESS):{dist_init_port}",
+            ]
+    template = {
+        "metadata": {
+            k: copy.deepcopy(v) for k, v in meta.items() if k in ("labels", "annotations")
+        },
+        "spec": spec,
+    }
+    return {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": copy.deepcopy(meta["labels"]),
+        },
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                "restartPolicy": "None",
+                "leaderTemplate": copy.deepcopy(template),
+                "workerTemplate": template,
+            },
+        },
+    }
+
+
 def secret_manifest(
     section: KubernetesSection, pod: str, tag: str, data: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -225,10 +287,17 @@ def list_argv(section: KubernetesSection, tag: str, kinds: str = "pods") -> list
 
 
 def delete_argv(section: KubernetesSection, names: Sequence[str], wait_s: float) -> list[str]:
-    """Delete `names` (`pod/NAME`, `secret/NAME`), waiting until they are gone (kubectl's own
-    wait, bounded); a name already gone is fine."""
+    """Delete `names` (`pod/NAME`, `secret/NAME`, `leaderworkerset/NAME`), waiting until they
+    are gone (kubectl's own wait, bounded; foreground: a set is gone once its pods are); a
+    name already gone is fine."""
     return kubectl(
-        section, "delete", *names, "--ignore-not-found", "--wait=true", f"--timeout={int(wait_s)}s"
+        section,
+        "delete",
+        *names,
+        "--ignore-not-found",
+        "--wait=true",
+        *(["--cascade=foreground"] if any(n.startswith("leaderworkerset") for n in names) else []),
+        f"--timeout={int(wait_s)}s",
     )
 
 

@@ -47,6 +47,7 @@ from tuner.server import kubefollow
 from tuner.server.endpoint import url_for
 from tuner.server.kube import (
     CONFIG_KEY,
+    LWS_NAME_LABEL,
     create_argv,
     delete_argv,
     env_split,
@@ -55,6 +56,8 @@ from tuner.server.kube import (
     kubectl,
     list_argv,
     logs_argv,
+    lws_manifest,
+    lws_pods,
     manifest_list,
     marker_tag,
     pod_manifest,
@@ -107,8 +110,10 @@ class KubeRuntime:
         self.marker = marker
         self.tag = marker_tag(marker)
         self.timeouts = timeouts or Timeouts()
-        #: the current pod (created, not yet deleted): the endpoint forwards to it
+        #: the current pod (created, not yet deleted): the endpoint forwards to it (with
+        #: `nodes` > 1: the leader of the LeaderWorkerSet `lws`)
         self.pod: str | None = None
+        self.lws: str | None = None
         self._clock, self._sleep = clock, sleep
         self._reported: set[str] = set()  # logs whose pod the cluster ended: said once
 
@@ -137,21 +142,25 @@ class KubeRuntime:
         if spec.secret_flags:
             data[CONFIG_KEY] = spec.secrets_yaml()
         objs = [secret_manifest(sec, name, self.tag, data)] if data else []
-        objs.append(
-            pod_manifest(
-                sec,
-                name,
-                self.tag,
-                spec.argv,
-                plain,
-                secret_keys=sorted(hidden),
-                config=bool(spec.secret_flags),
-            )
+        pod = pod_manifest(
+            sec,
+            name,
+            self.tag,
+            spec.argv,
+            plain,
+            secret_keys=sorted(hidden),
+            config=bool(spec.secret_flags),
         )
+        pods = [name]
+        if sec.nodes > 1:  # one server over N pods: the set's leader is the one reached
+            pod = lws_manifest(pod, sec.nodes, sec.dist_init_port)
+            pods = lws_pods(name, sec.nodes)
+        objs.append(pod)
         try:
-            self.pod = name
+            self.pod, self.lws = pods[0], (name if sec.nodes > 1 else None)
             self._create(manifest_list(objs))
-            self._wait_scheduled(name)
+            for each in pods:
+                self._wait_scheduled(each, made_by_controller=self.lws is not None)
         except BaseException:
             if config_path:
                 with contextlib.suppress(InfraError):
@@ -160,23 +169,29 @@ class KubeRuntime:
                 self._delete(name)
             raise
         argv = [sys.executable, "-I", FOLLOWER, "--kubectl", json.dumps(kubectl(sec))]
-        argv += ["--pod", name, "--poll", f"{sec.poll_s:g}"]
+        argv += ["--pod", pods[0], "--poll", f"{sec.poll_s:g}"]
         return replace(spec, argv=tuple(argv), cwd=None)
 
     def remove(self, gpus: Gpus) -> list[int]:
         """The follower's group is gone: delete our pod and its Secret, wait until gone."""
-        if self.pod is not None:
-            self._delete(self.pod)
+        if self.lws is not None or self.pod is not None:
+            self._delete(self.lws or self.pod or "")
         return []
 
     def stop_strays(self, gpus: Gpus) -> list[int]:
         """Delete every pod and Secret carrying our label (a killed run's)."""
         if not self.marker:
             return []
-        res = self.run(shell(list_argv(self.section, self.tag, "pods,secrets")))
+        kinds = "leaderworkersets,pods,secrets" if self.section.nodes > 1 else "pods,secrets"
+        res = self.run(shell(list_argv(self.section, self.tag, kinds)))
         if not res.ok:
             raise InfraError(f"{self.host.name}: cannot list pods: {_said(res)}")
-        found = items(res.stdout)
+        # a set's pods go with it (deleted alone, its controller would make them again)
+        found = [
+            o
+            for o in items(res.stdout)
+            if not ((o.get("metadata") or {}).get("labels") or {}).get(LWS_NAME_LABEL)
+        ]
         for obj in found:
             meta = obj.get("metadata") or {}
             log.warning(
@@ -198,6 +213,8 @@ class KubeRuntime:
         when the follower's are missing; InfraError, once per log, when the cluster ended the
         pod (the follower's WORLD line)."""
         code, tail = DirectRuntime(self.host).exit_and_tail(log_path, lines)
+        if self.lws is not None and log_path not in self._reported:
+            self._worker_lost(log_path)
         if (code is None or not tail) and self.pod is not None:
             view = self.view(self.pod)
             res = self.run(shell(logs_argv(self.section, self.pod, lines)) + " 2>&1")
@@ -212,6 +229,20 @@ class KubeRuntime:
             f"kubernetes: the cluster ended the server's pod: {why[:300]} (the world's failure, "
             "not the configuration's)"
         )
+
+    def _worker_lost(self, log_path: str) -> None:
+        """InfraError (once per log) when the cluster ended a worker pod of the set (evicted,
+        its node lost, deleted): the leader's end is then the world's, whatever it logged."""
+        assert self.lws is not None
+        for worker in lws_pods(self.lws, self.section.nodes)[1:]:
+            view = self.view(worker)
+            why = "deleted" if view is None else view.world
+            if why:
+                self._reported.add(log_path)
+                raise InfraError(
+                    f"kubernetes: the cluster ended worker pod {worker} of the server's "
+                    f"LeaderWorkerSet: {why[:300]} (the world's failure, not the configuration's)"
+                )
 
     def setup_error(
         self, code: int | None, tail: Sequence[str], mask: Callable[[str], str]
@@ -229,7 +260,7 @@ class KubeRuntime:
         """The study ended (its last server stopped): delete any pod or Secret of ours still
         there (one whose deletion failed), so none outlives the study."""
         self.stop_strays(lambda: ())
-        self.pod = None
+        self.pod = self.lws = None
 
     # -- kubectl ------------------------------------------------------------------------------
 
@@ -271,15 +302,26 @@ class KubeRuntime:
             "(`tuner check`) and pod_patch"
         )
 
-    def _wait_scheduled(self, pod: str) -> None:
+    def _wait_scheduled(self, pod: str, *, made_by_controller: bool = False) -> None:
         """Return once the pod is scheduled (or already started, or waiting for the user's
         image: the follower says so); InfraError with the scheduler's reason past
-        schedule_timeout_s, or when the cluster ended it first."""
+        schedule_timeout_s, or when the cluster ended it first. A pod the LWS controller
+        makes may not exist yet: it is waited for, within the same deadline."""
         limit = self.section.schedule_timeout_s
         deadline = self._clock() + limit
         wait = 0.05
         while True:
             view = self.view(pod)
+            if view is None and made_by_controller and self._clock() <= deadline:
+                self._sleep(wait)
+                wait = min(wait * 2, self.section.poll_s)
+                continue
+            if view is None and made_by_controller:
+                raise InfraError(
+                    f"kubernetes: pod {pod} of LeaderWorkerSet {self.lws} not created within "
+                    f"{limit:g} s (target.kubernetes.schedule_timeout_s; is the LWS controller "
+                    "installed?) (the world's failure, not the configuration's)"
+                )
             if view is None:
                 raise InfraError(f"kubernetes: pod {pod} was deleted before it was scheduled")
             if view.world:
@@ -299,12 +341,18 @@ class KubeRuntime:
             self._sleep(wait)
             wait = min(wait * 2, self.section.poll_s)
 
-    def _delete(self, pod: str) -> None:
-        self._delete_names([f"pod/{pod}", f"secret/{secret_name(pod)}"])
-        if self.pod == pod:
+    def _delete(self, name: str) -> None:
+        """Delete the pod `name` (or the set `name` and its pods) and its Secret."""
+        if name == self.lws:
+            pods = lws_pods(name, self.section.nodes)
+            self._delete_names([f"leaderworkerset/{name}", f"secret/{secret_name(name)}"], pods)
+            self.lws = self.pod = None
+            return
+        self._delete_names([f"pod/{name}", f"secret/{secret_name(name)}"])
+        if self.pod == name:
             self.pod = None
 
-    def _delete_names(self, names: Sequence[str]) -> None:
+    def _delete_names(self, names: Sequence[str], pods: Sequence[str] = ()) -> None:
         """Delete the objects and wait until they are gone (kubectl's wait, then a look)."""
         wait_s = self.section.grace_period_s + self.timeouts.stop_s
         res = self.run(
@@ -313,9 +361,10 @@ class KubeRuntime:
         )
         if not res.ok:
             raise InfraError(f"kubernetes: kubectl delete {' '.join(names)} failed: {_said(res)}")
-        for name in names:
-            if name.startswith("pod/") and self.view(name[4:]) is not None:
-                raise InfraError(f"kubernetes: {name} still there {wait_s:g} s after delete")
+        pods = [*pods, *(n[4:] for n in names if n.startswith("pod/"))]
+        for pod in pods:
+            if self.view(pod) is not None:
+                raise InfraError(f"kubernetes: pod/{pod} still there {wait_s:g} s after delete")
 
 
 def _said(res: CommandResult) -> str:

@@ -350,3 +350,41 @@ def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
         assert (runs / "kubey" / "best.yaml").exists()
     finally:
         kill_marked(marker)
+
+
+def test_a_server_across_two_pods_is_a_leaderworkerset_reached_at_its_leader(
+    tmp_path: Path, marker: str
+) -> None:
+    """target.kubernetes.nodes: 2: the two fake pods meet at the leader's rendezvous port
+    (the simulator's torch.distributed store), the leader is reached through the forward,
+    and stopping deletes the set and both pods."""
+    fake = FakeKubectl(tmp_path / "kube", nodes=[node("gpu-1"), node("gpu-2")], sim_args=FAST)
+    dist = free_port()
+    server, runtime, endpoint = podded(fake, marker, nodes=2, dist_init_port=dist)
+    port = free_port()
+    try:
+        res = server.restart(spec(fake, port, **{"tp-size": 2}), str(tmp_path / "s.log"))
+        assert res.ok, res
+        lws = runtime.lws
+        assert lws is not None and sorted(fake.pods()) == [f"{lws}-0", f"{lws}-0-1"]
+        assert runtime.pod == f"{lws}-0"
+        leader = fake.pods()[f"{lws}-0"]
+        assert leader["metadata"]["labels"]["tuner/marker"] == runtime.tag
+        assert leader["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert {p["spec"]["nodeName"] for p in fake.pods().values()} == {"gpu-1", "gpu-2"}
+        assert health(endpoint.url(port)) == 200
+        assert (
+            "Init torch distributed ends." in (fake.state / "pods" / f"{lws}-0-1.log").read_text()
+        )
+        argv = json.loads((fake.state / "pods" / f"{lws}-0-1.json").read_text())["argv"]
+        at = argv.index("--node-rank")
+        assert argv[at : at + 4] == ["--node-rank", "1", "--dist-init-addr", f"127.0.0.1:{dist}"]
+        tasks = [pid for name in fake.pods() for pid in fake.pod_pids(name)]
+
+        assert server.stop() > 0
+        assert fake.pods() == {} and fake.secrets() == {} and gone(tasks)
+        assert not list((fake.state / "lws").glob("*.json")) and runtime.lws is None
+    finally:
+        endpoint.close()
+        left = fake.cleanup()
+        assert not left, f"pod processes left running: {left}"
