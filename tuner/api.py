@@ -34,7 +34,7 @@ from tuner.report.export import write_best
 from tuner.search.mode import trial_time_problem
 from tuner.search.sampler import make_sampler, reseed_on_resume
 from tuner.server.endpoint import Endpoint
-from tuner.server.kuberuntime import kube_parts
+from tuner.server.kubeforward import kube_parts
 from tuner.server.launch import server_log_path
 from tuner.server.lifecycle import SCRIPT_SUFFIX, SECRETS_SUFFIX, Server
 from tuner.server.nodes import NodesServer, nodes_server

@@ -154,4 +154,7 @@ def owned_flag(name: str) -> str | None:
     owner = OWNED_DESTS.get(canonical)
     if owner is None:
         return None
-    return f"the tuner sets --{canonical} for each rank from {owner}; remove it here"
+    return (
+        f"the tuner sets --{canonical} for each rank from {owner} (on Kubernetes, from "
+        "target.kubernetes.nodes); remove it here"
+    )

@@ -33,7 +33,8 @@ from tuner.config.kubernetes import KubernetesSection
 from tuner.config.target import Timeouts
 from tuner.errors import InfraError, SetupError
 from tuner.hosts import LocalHost
-from tuner.server.kuberuntime import KubeEndpoint, KubeRuntime
+from tuner.server.kubeforward import KubeEndpoint
+from tuner.server.kuberuntime import KubeRuntime
 from tuner.server.launch import LaunchSpec, build_launch
 from tuner.server.lifecycle import Server
 from tuner.sglang.failures import is_config_failure
