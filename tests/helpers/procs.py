@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 MARKER_VAR = "TUNER_SERVER_MARKER"
@@ -66,3 +68,13 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+@contextlib.contextmanager
+def own_marker(what: str) -> Iterator[str]:
+    """A fresh marker for one test; afterwards every group still carrying it is killed, and
+    the test fails naming `what` if there was any (the tuner should have stopped them)."""
+    m = "tuner-test-" + secrets.token_hex(8)
+    yield m
+    left = kill_marked(m)
+    assert not left, f"{what} left running with the test's marker: {left}"

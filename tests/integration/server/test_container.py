@@ -25,7 +25,7 @@ import yaml
 from tests.helpers import procs
 from tests.helpers.fake_docker import IMAGE, FakeDocker
 from tests.helpers.net import free_port
-from tests.helpers.procs import gone, kill_marked, marked_groups
+from tests.helpers.procs import gone, kill_marked, marked_groups, own_marker
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, TUNER, phase_reached, study_file
 from tuner.config.target import ContainerSection, Timeouts
@@ -55,10 +55,8 @@ def fake(tmp_path: Path) -> Iterator[FakeDocker]:
 
 @pytest.fixture
 def marker() -> Iterator[str]:
-    m = "tuner-test-" + secrets.token_hex(8)
-    yield m
-    left = kill_marked(m)  # the docker clients carry it (containers do not)
-    assert not left, f"client groups left running with the test's marker: {left}"
+    with own_marker("client groups") as m:  # the docker clients carry it (containers do not)
+        yield m
 
 
 def boxed(host: Host, fake: FakeDocker, marker: str, image: str = IMAGE) -> Server:

@@ -24,7 +24,7 @@ import yaml
 
 from tests.helpers.fake_kubectl import IMAGE, FakeKubectl, node
 from tests.helpers.net import free_port
-from tests.helpers.procs import gone, health, kill_marked, marked_groups
+from tests.helpers.procs import gone, health, kill_marked, marked_groups, own_marker
 from tests.helpers.sshd import assert_group_gone
 from tests.helpers.studies import REPO, TUNER, phase_reached, study_file, tuner
 from tuner.check.lines import FAIL, OK, WARN
@@ -59,10 +59,8 @@ def fake(tmp_path: Path) -> Iterator[FakeKubectl]:
 
 @pytest.fixture
 def marker() -> Iterator[str]:
-    m = "tuner-test-" + secrets.token_hex(8)
-    yield m
-    left = kill_marked(m)  # the followers and port-forwards carry it (the pods do not)
-    assert not left, f"groups left running with the test's marker: {left}"
+    with own_marker("groups") as m:  # the followers and port-forwards carry it (the pods do not)
+        yield m
 
 
 def section(**over: object) -> KubernetesSection:

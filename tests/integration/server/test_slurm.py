@@ -25,7 +25,7 @@ import yaml
 
 from tests.helpers.fake_slurm import FakeSlurm
 from tests.helpers.net import free_port
-from tests.helpers.procs import gone, health, kill_marked, marked_groups
+from tests.helpers.procs import gone, health, kill_marked, marked_groups, own_marker
 from tests.helpers.sshd import Sshd, assert_group_gone
 from tests.helpers.studies import REPO, TUNER, phase_reached, study_file, tuner
 from tuner.check.lines import FAIL, OK
@@ -58,10 +58,10 @@ def fake(tmp_path: Path) -> Iterator[FakeSlurm]:
 
 @pytest.fixture
 def marker() -> Iterator[str]:
-    m = "tuner-test-" + secrets.token_hex(8)
-    yield m
-    left = kill_marked(m)  # the srun clients carry it (the tasks, on the "node", do not)
-    assert not left, f"srun groups left running with the test's marker: {left}"
+    with own_marker(
+        "srun groups"
+    ) as m:  # the srun clients carry it (the tasks, on the "node", do not)
+        yield m
 
 
 def section(**over: object) -> SlurmSection:
