@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +128,21 @@ def phase_reached(runs: Path, phase: str) -> bool:
         for log in runs.glob("*/trials/*/phases.log")
         for line in log.read_text().splitlines()
     )
+
+
+def kill9_when(argv: list[str], err: Path, ready: Callable[[], bool], what: str) -> None:
+    """Run `argv` (a `tuner tune`) in its own session, its stderr to `err`; SIGKILL its group
+    once `ready()` holds (within 120 s, or the test fails with its stderr's tail)."""
+    with open(err, "wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
+            assert time.monotonic() < deadline, f"no {what} within 120 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)

@@ -15,7 +15,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from tests.helpers.fake_docker import IMAGE, FakeDocker
 from tests.helpers.net import free_port
 from tests.helpers.procs import gone, kill_marked, marked_groups, own_marker
 from tests.helpers.sshd import Sshd, assert_group_gone
-from tests.helpers.studies import REPO, TUNER, phase_reached, study_file
+from tests.helpers.studies import REPO, TUNER, kill9_when, phase_reached, study_file
 from tuner.config.target import ContainerSection, Timeouts
 from tuner.errors import InfraError, SetupError
 from tuner.hosts import Host, LocalHost, SSHHost
@@ -269,17 +268,7 @@ def test_resume_after_kill_9_stops_the_leftover_container(tmp_path: Path, fake: 
     marker = marker_for("boxed", "w", runs / "boxed")
     err = tmp_path / "first.err"
     try:
-        with open(err, "wb") as out:
-            proc = subprocess.Popen(
-                argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
-            )
-        deadline = time.monotonic() + 120
-        while not fake.running() or not phase_reached(runs, "load"):
-            assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
-            assert time.monotonic() < deadline, "no load phase within 120 s"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        kill9_when(argv, err, lambda: fake.running() and phase_reached(runs, "load"), "load phase")
         kill_marked(marker)  # its docker client too: only the label finds the container now
         (left,) = fake.running()
         sim = fake.pids(left)

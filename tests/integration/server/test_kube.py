@@ -11,9 +11,7 @@ and fails if any was left.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from tests.helpers.fake_kubectl import IMAGE, FakeKubectl, node
 from tests.helpers.net import free_port
 from tests.helpers.procs import gone, health, kill_marked, marked_groups, own_marker
 from tests.helpers.sshd import assert_group_gone
-from tests.helpers.studies import REPO, TUNER, phase_reached, study_file, tuner
+from tests.helpers.studies import REPO, TUNER, kill9_when, phase_reached, study_file, tuner
 from tuner.check.lines import FAIL, OK, WARN
 from tuner.check.plan import run_checks
 from tuner.config.kubernetes import KubernetesSection
@@ -318,17 +316,9 @@ def test_resume_after_kill_9_deletes_the_stray_pod_by_its_label(
     marker = marker_for("kubey", "w", runs / "kubey")
     err = tmp_path / "first.err"
     try:
-        with open(err, "wb") as out:
-            proc = subprocess.Popen(
-                argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
-            )
-        deadline = time.monotonic() + 120
-        while not phase_reached(runs, "warmup"):  # its pod ready and serving
-            assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
-            assert time.monotonic() < deadline, "no warm-up within 120 s"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        kill9_when(
+            argv, err, lambda: phase_reached(runs, "warmup"), "warm-up"
+        )  # its pod ready and serving
         (stray,) = fake.pods()
         task = fake.pod_pids(stray)
         left = marked_groups(

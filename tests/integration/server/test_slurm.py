@@ -27,7 +27,7 @@ from tests.helpers.fake_slurm import FakeSlurm
 from tests.helpers.net import free_port
 from tests.helpers.procs import gone, health, kill_marked, marked_groups, own_marker
 from tests.helpers.sshd import Sshd, assert_group_gone
-from tests.helpers.studies import REPO, TUNER, phase_reached, study_file, tuner
+from tests.helpers.studies import REPO, TUNER, kill9_when, phase_reached, study_file, tuner
 from tuner.check.lines import FAIL, OK
 from tuner.check.plan import run_checks
 from tuner.config.slurm import SlurmSection
@@ -340,17 +340,9 @@ def test_resume_after_kill_9_stops_the_stray_step_and_reuses_the_allocation(
     port = yaml.safe_load(study.read_text())["target"]["port"]
     err = tmp_path / "first.err"
     try:
-        with open(err, "wb") as out:
-            proc = subprocess.Popen(
-                argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
-            )
-        deadline = time.monotonic() + 120
-        while not fake.running_steps() or not phase_reached(runs, "load"):
-            assert proc.poll() is None, f"the first run ended: {err.read_text()[-1500:]}"
-            assert time.monotonic() < deadline, "no load phase within 120 s"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        kill9_when(
+            argv, err, lambda: fake.running_steps() and phase_reached(runs, "load"), "load phase"
+        )
         kill_marked(marker)  # its srun too: only the step's name finds the server now
         (stray,) = fake.running_steps()
         task = fake.task_pids(stray)
