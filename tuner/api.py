@@ -25,7 +25,7 @@ from tuner.config.schema import StudyConfig
 from tuner.config.validate import request_pool
 from tuner.errors import ConfigError, HostUnreachable, InfraError
 from tuner.loadgen.plan import refill_for, short_list_problem, study_load_options, unset_concurrency
-from tuner.loadgen.result import LoadProgress, LoadResult
+from tuner.loadgen.result import Cut, LoadProgress, LoadResult
 from tuner.loadgen.run import run_load_sync
 from tuner.loadgen.window import short_window
 from tuner.loadgen.workload import Request, requests_for
@@ -463,6 +463,7 @@ def load_runner(
         time_limit_s: float | None = None,
         on_phase: Callable[[str], None] | None = None,
         on_progress: Callable[[LoadProgress], None] | None = None,
+        cut: Cut | None = None,
     ) -> LoadResult:
         options = study_load_options(
             cfg, client, api_key=api_key, max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS
@@ -476,6 +477,7 @@ def load_runner(
             on_phase=on_phase,
             on_progress=on_progress,
             more=refill_for(cfg.workload),
+            cut=cut,
         )
         if endpoint is not None:
             # a link that fell silent mid-run (no reset) shows only when a channel is next

@@ -76,6 +76,9 @@ class Status(StrEnum):
     #: the server failed without evidence against its flags (crash with no SGLang message,
     #: not ready in time, hung): the world's failure, retried within bounds
     WORLD = "world"
+    #: a load run ended early: it could not beat the best point known (search/cut.py); an inner
+    #: search's point, never a trial's score (its figures are a partial window's)
+    CUT = "cut"
 
     @property
     def measured(self) -> bool:
@@ -314,6 +317,17 @@ def measured_outcome(
         status, reason = Status.SLO_MISSED, "missed SLO: " + ", ".join(missed_slos(constraints))
         values = pessimistic_values(objective)  # what it measured stays in `metrics`
     return TrialOutcome(status, values, constraints, reason, None, metrics, **kw)
+
+
+def cut_outcome(
+    objective: ObjectiveSection, metrics: Mapping[str, Any], reason: str, **kw: Any
+) -> TrialOutcome:
+    """A load run cut early: no score (pessimistic values); its SLO verdict so far stays in
+    `constraints`, which steers the inner search, with the partial window's figures."""
+    constraints = slo_constraints(objective, metrics)
+    return TrialOutcome(
+        Status.CUT, pessimistic_values(objective), constraints, reason, None, metrics, **kw
+    )
 
 
 def failed_outcome(

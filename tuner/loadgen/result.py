@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,9 @@ class LoadProgress:
     done: int
     planned: int
     output_tokens: int
+    #: requests in flight that have received a token (with `done`: how many streams are past
+    #: their first prefill; search/cut.py waits for every stream)
+    streaming: int = 0
     running: float | None = None
     queued: float | None = None
 
@@ -38,6 +42,10 @@ class LoadProgress:
     def tok_s(self) -> float:
         """Output tokens per second over the window so far."""
         return self.output_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+#: a caller's rule, heard about once a second during the timed run: a reason ends it as "cut"
+Cut = Callable[[LoadProgress], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ class LoadResult:
     "error_budget" (flagged; its `error_rate` is then failures over every request sent, in
     flight ones counted as not failed: a lower bound, where failures over ended requests would
     count the fast failures and not the slow successes), or
+    "cut": the caller's `cut` rule ended it early (`cut_reason` says why: it could not beat the
+    best point known, tuner/search/cut.py); its figures are a partial window's, never a score;
     "unresponsive": requests were in flight and the server sent nothing (no status line, no
     byte) for the stall bound, or answered none of the warm-up (then `records` is empty).
     Unlike ordinary errors, that is a server that may have hung: the trial runner probes it.
@@ -63,6 +73,12 @@ class LoadResult:
     silent_s: float = 0.0
     options: LoadOptions | None = None  # how it was sent (its max_concurrency is reported)
     exhausted: bool = False
+    cut_reason: str | None = None  # why the caller's rule cut it (stopped == "cut")
+
+    @property
+    def was_cut(self) -> bool:
+        """The caller's rule ended the run before its window (see `stopped`)."""
+        return self.stopped == "cut"
 
     @property
     def unresponsive(self) -> bool:
@@ -93,6 +109,7 @@ class LoadResult:
             **out,
             "stopped": self.stopped,
             "exhausted": self.exhausted,
+            **({"cut_reason": self.cut_reason} if self.was_cut else {}),
             "silent_s": round(self.silent_s, 3),
             "flagged": self.flagged,
             "self_check": {

@@ -24,7 +24,7 @@ from tuner.loadgen.client import Client, RequestState, send_one
 from tuner.loadgen.metrics import RequestRecord
 from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import LoadOptions
-from tuner.loadgen.result import LoadProgress, LoadResult
+from tuner.loadgen.result import Cut, LoadProgress, LoadResult
 from tuner.loadgen.timed import Refill, TimedRun
 from tuner.loadgen.workload import Request
 
@@ -56,6 +56,7 @@ def run_load_sync(
     on_phase: Phase | None = None,
     on_progress: Tick | None = None,
     more: Refill | None = None,
+    cut: Cut | None = None,
 ) -> LoadResult:
     """`run_load` in a fresh event loop with a session from `make_session`."""
 
@@ -71,6 +72,7 @@ def run_load_sync(
                 on_phase=on_phase,
                 on_progress=on_progress,
                 more=more,
+                cut=cut,
             )
 
     return asyncio.run(main())
@@ -87,16 +89,18 @@ async def run_load(
     on_phase: Phase | None = None,
     on_progress: Tick | None = None,
     more: Refill | None = None,
+    cut: Cut | None = None,
 ) -> LoadResult:
     """Warm up, optionally flush the cache, then one timed run of `requests` per `options`;
-    `more(start, n)` extends a duration-bound run's list when it runs out (timed.py).
+    `more(start, n)` extends a duration-bound run's list when it runs out (timed.py); `cut`
+    may end the timed run early (LoadResult.stopped "cut").
 
     Raises TrialTimeout when the whole run outlives `time_limit_s` (None: no limit beyond the
     run's own bounds).
     """
     if not requests:
         raise ConfigError("the workload has no requests", key="workload")
-    args = (session, base_url, requests, options, progress, on_phase, on_progress, more)
+    args = (session, base_url, requests, options, progress, on_phase, on_progress, more, cut)
     if time_limit_s is None:
         return await _run(*args)
     try:
@@ -118,6 +122,7 @@ async def _run(
     on_phase: Phase | None,
     on_progress: Tick | None = None,
     more: Refill | None = None,
+    cut: Cut | None = None,
 ) -> LoadResult:
     bounds = Bounds.of(options)
     client = Client(session, base_url, options)
@@ -138,7 +143,7 @@ async def _run(
             await asyncio.wait_for(flush, bounds.flush_s)
     if on_phase is not None:
         on_phase("load")
-    timed = TimedRun(client, requests, options, progress, bounds, on_progress, more)
+    timed = TimedRun(client, requests, options, progress, bounds, on_progress, more, cut)
     return await timed.run()
 
 

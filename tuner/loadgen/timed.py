@@ -26,7 +26,7 @@ from tuner.loadgen.client import Client, RequestState, make_record, send_one
 from tuner.loadgen.metrics import RequestRecord, Samples, server_view, total
 from tuner.loadgen.monitor import LagMonitor, self_check
 from tuner.loadgen.options import MIN_ERRORS, LoadOptions
-from tuner.loadgen.result import LoadProgress, LoadResult
+from tuner.loadgen.result import Cut, LoadProgress, LoadResult
 from tuner.loadgen.workload import Request
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class TimedRun:
         bounds: Bounds | None = None,
         on_progress: Callable[[LoadProgress], None] | None = None,
         more: Refill | None = None,
+        cut: Cut | None = None,
     ):
         self.client = client
         self.opt = options
@@ -108,6 +109,8 @@ class TimedRun:
         self.end = math.inf  # perf_counter() of the window's end
         self.silent_s = 0.0
         self.on_progress = on_progress
+        self.cut = cut
+        self.cut_reason: str | None = None
         self.tokens_done = 0  # output tokens of the requests that ended
         self.last_sample: Samples | None = None  # the server's last /metrics scrape
         self._told = -math.inf
@@ -241,6 +244,7 @@ class TimedRun:
             silent_s=self.silent_s,
             options=opt,
             exhausted=self.exhausted,
+            cut_reason=self.cut_reason,
         )
 
     async def _watch(self) -> None:
@@ -264,23 +268,29 @@ class TimedRun:
         self.silent_s = self._silence(time.perf_counter())
 
     def _tell(self, now: float) -> None:
-        """Hand `on_progress` the run so far, about once every PROGRESS_EVERY_S."""
-        if self.on_progress is None or now - self._told < PROGRESS_EVERY_S:
+        """Hand `on_progress` and `cut` the run so far, about once every PROGRESS_EVERY_S; a
+        reason from `cut` stops the run as "cut"."""
+        if (self.on_progress is None and self.cut is None) or now - self._told < PROGRESS_EVERY_S:
             return
         self._told = now
         s = self.last_sample
         in_flight = sum(st.tokens for _, st in self.inflight.values())
-        self.on_progress(
-            LoadProgress(
-                elapsed_s=now - self.t0,
-                window_s=self.opt.duration_s,
-                done=len(self.records),
-                planned=len(self.planned),
-                output_tokens=self.tokens_done + in_flight,
-                running=total(s, "sglang:num_running_reqs") if s else None,
-                queued=total(s, "sglang:num_queue_reqs") if s else None,
-            )
+        seen = LoadProgress(
+            elapsed_s=now - self.t0,
+            window_s=self.opt.duration_s,
+            done=len(self.records),
+            planned=len(self.planned),
+            output_tokens=self.tokens_done + in_flight,
+            streaming=sum(1 for _, st in self.inflight.values() if st.tokens),
+            running=total(s, "sglang:num_running_reqs") if s else None,
+            queued=total(s, "sglang:num_queue_reqs") if s else None,
         )
+        if self.on_progress is not None:
+            self.on_progress(seen)
+        why = self.cut(seen) if self.cut is not None else None
+        if why is not None:
+            self.cut_reason = why
+            self._stop("cut")
 
     def _silence(self, now: float) -> float:
         """Seconds the server has sent nothing while requests waited on it (0: none waits)."""

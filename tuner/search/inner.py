@@ -41,6 +41,9 @@ class Point:
     #: the least share of a latency limit left unused (1 - p99 / limit over the limited
     #: latencies; 1.0 with none limited): how far the point sits from its SLO edge
     headroom: float = 1.0
+    #: the run was cut early (search/cut.py): `value` is its projection, `feasible` its SLOs so
+    #: far; it steers the search and is never its result
+    cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,8 @@ class InnerResult:
 
     @property
     def best(self) -> Point | None:
-        """The best feasible point, or None when none held its SLOs."""
-        ok = [p for p in self.points if p.feasible]
+        """The best feasible measured point (cut ones are not), or None when none held."""
+        ok = [p for p in self.points if p.feasible and not p.cut]
         return max(ok, key=lambda p: p.value) if ok else None
 
     @property
@@ -107,6 +110,7 @@ def knee(best: Point | None, points: Sequence[Point]) -> Point | None:
         p
         for p in points
         if p.feasible
+        and not p.cut
         and p.concurrency < best.concurrency
         and p.headroom >= NEAR_EDGE
         and p.value >= best.value * (1 - KNEE_GAIN)

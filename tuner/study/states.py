@@ -21,6 +21,7 @@ STATE_OF: Mapping[Status, TrialState] = {
     Status.DIED: TrialState.COMPLETE,
     Status.FLAGGED: TrialState.FAIL,
     Status.WORLD: TrialState.FAIL,
+    Status.CUT: TrialState.COMPLETE,  # never a trial's (trial/inner.py); infeasible if it were
 }
 
 

@@ -33,9 +33,11 @@ from tuner.outcome import (
     objective_values,
 )
 from tuner.search.curve import fit, narrowed
+from tuner.search.cut import Cutter, cutter
 from tuner.search.inner import Bounds, Point, knee, search, start_at
 from tuner.search.mode import NAME
 from tuner.sglang.failures import FailureClass
+from tuner.trial.seams import takes_keywords
 from tuner.verdict.tails import SLO_MARGIN, exceed_odds
 
 if TYPE_CHECKING:
@@ -173,8 +175,9 @@ class InnerSearch:
                 key=lambda p: shape[key(p.concurrency)],
             )
 
-        out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock, choose)
-        chosen = out.client.get(NAME) if out.feasible else None
+        beat = None if self.best is None else self.best[0]
+        out = run_inner(self.cfg, params, trial_dir, measure, b, time_left, clock, choose, beat)
+        chosen = out.client.get(NAME) if out.feasible and out.status != Status.CUT else None
         self._learn(params, pool, out.points, chosen, out.values[0] if out.values else 0.0)
         return out
 
@@ -186,7 +189,8 @@ class InnerSearch:
             a = t.user_attrs
             if not a.get(Attr.LOAD_POINTS) or Attr.DUPLICATE_OF in a or not t.values:
                 continue
-            chosen = (a.get(Attr.CLIENT) or {}).get(NAME) if is_feasible(t.constraints) else None
+            scored = is_feasible(t.constraints) and a.get(Attr.STATUS) != Status.CUT
+            chosen = (a.get(Attr.CLIENT) or {}).get(NAME) if scored else None
             self._learn(t.params, a.get(POOL_ATTR), a[Attr.LOAD_POINTS], chosen, t.values[0])
 
     def _learn(
@@ -203,7 +207,8 @@ class InnerSearch:
         row = {key(int(p[NAME])): float(p["value"]) for p in points if p.get("clear")}
         if row := {k: v for k, v in row.items() if v > 0}:
             self.table.append(row)
-        self.seen |= {int(p[NAME]) for p in points if p.get("feasible")}
+        # a cut run was looked at too: the next server's search need not look there again
+        self.seen |= {int(p[NAME]) for p in points if p.get("feasible") or p.get("held_so_far")}
         if chosen is not None and (self.best is None or value > self.best[0]):
             self.best = (value, int(chosen))
 
@@ -234,8 +239,9 @@ class InnerSearch:
         return self._requests
 
 
-#: one load run at these params: (params with concurrency, the point's directory) -> outcome
-Measure = Callable[[Mapping[str, Any], Path], TrialOutcome]
+#: one load run at these params: (params with concurrency, the point's directory[, a `cut`
+#: rule that may end it early: search/cut.py]) -> outcome
+Measure = Callable[..., TrialOutcome]
 
 
 def run_inner(
@@ -247,40 +253,106 @@ def run_inner(
     time_left: Callable[[], float | None],
     clock: Callable[[], float],
     choose: Callable[[Sequence[Point]], Point | None] | None = None,
+    beat: float | None = None,
 ) -> TrialOutcome:
     """The inner search on the running server -> the trial's outcome: its best feasible
-    point's (`choose`: which of the clear points is best; the highest by default; with every
-    point and the winner's concurrency), else the most telling failure."""
+    measured point's (`choose`: which of the clear points is best; the highest by default;
+    with every point and the winner's concurrency), else the most telling failure.
+
+    `beat`: the study's best score. With `budget.early_stop`, a run that clearly cannot beat
+    it nor this server's best point so far is cut (search/cut.py). A server whose every run
+    that held its SLOs was cut cannot beat the study's best: its outcome is `Status.CUT`, with
+    its best projection as the value (what the sampler learns; never a winner: verdict/trials.py),
+    and no run spends a full window to score it."""
     outcomes: dict[int, TrialOutcome] = {}
-    last = [0.0]
+    seen: list[Point] = []
+    longest = [0.0]  # the longest run so far (a cut run is short: not a guide to the next)
+    cuttable = takes_keywords(measure, ("cut",))  # a test's function may not take one
 
     def point(c: int) -> Point | None:
         left = time_left()
-        if outcomes and left is not None and left < TIME_MARGIN * last[0]:
+        if outcomes and left is not None and left < TIME_MARGIN * longest[0]:
             return None  # another run would pass the trial's deadline
+        if _hopeless(seen, b):
+            return None  # where on this server's curve its peak lies decides nothing
         t0 = clock()
-        out = measure({**params, NAME: c}, trial_dir / f"{NAME}-{c}")
-        last[0] = clock() - t0
+        rule = _cutter(cfg, seen, c, beat) if cuttable else None
+        kw = {"cut": rule.cut} if rule is not None else {}
+        out = measure({**params, NAME: c}, trial_dir / f"{NAME}-{c}", **kw)
+        longest[0] = max(longest[0], clock() - t0)
         outcomes[c] = out
-        raw = objective_values(cfg.objective, out.metrics)[0] if out.metrics else 0.0
-        stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
-        safe = out.feasible and _clear_of_limits(out.constraints) and _few_beyond(out.tails)
-        room = _headroom(out.constraints)
-        return Point(c, raw, safe, stop, str(out.status), out.reason, out.failure, room)
+        if out.status == Status.CUT and rule is not None:
+            held = out.feasible  # its SLOs so far: a climb goes on past it only if they held
+            p = Point(c, rule.projected or 0.0, held, False, str(out.status), out.reason, cut=True)
+        else:
+            raw = objective_values(cfg.objective, out.metrics)[0] if out.metrics else 0.0
+            stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
+            safe = out.feasible and _clear_of_limits(out.constraints) and _few_beyond(out.tails)
+            room = _headroom(out.constraints)
+            p = Point(c, raw, safe, stop, str(out.status), out.reason, out.failure, room)
+        seen.append(p)
+        return p
 
     result = search(point, b)
     records = tuple(_record(p, outcomes[p.concurrency]) for p in result.points)
-    best = knee(result.best if choose is None else choose(result.points), result.points)
+    measured = [p for p in result.points if not p.cut]
+    best = knee(result.best if choose is None else choose(measured), measured)
     if best is None:  # none clear of the limits: the best that held them, if any did
-        held = [p for p in result.points if outcomes[p.concurrency].feasible]
+        held = [p for p in measured if outcomes[p.concurrency].feasible]
         best = max(held, key=lambda p: p.value) if held else None
-    _save(trial_dir, best, records)
+    lead = None if best is not None else _cut_lead(result.points)
+    _save(trial_dir, best or lead, records)
     if best is not None:
         chosen = outcomes[best.concurrency]
         client = {NAME: best.concurrency}
+    elif lead is not None:
+        values = (lead.value, *outcomes[lead.concurrency].values[1:])
+        reason = (
+            f"every run that held its SLOs was cut: this server cannot beat the study's best "
+            f"({beat or 0:.1f}); its best projection {lead.value:.1f} at {NAME} "
+            f"{lead.concurrency} is not a measured score"
+        )
+        chosen = replace(outcomes[lead.concurrency], values=values, reason=reason)
+        client = {NAME: lead.concurrency}
     else:
         chosen, client = _failure(outcomes), {}
     return replace(chosen, points=records, client=client)
+
+
+def _hopeless(seen: Sequence[Point], b: Bounds) -> bool:
+    """Every run on this server so far was cut (none can beat the study's best), and the climb
+    found its peak: a run above the best that lost, two runs within `gain` of the best (a flat
+    top), or the best at the range's top. Refining where such a server peaks cannot change the
+    study's answer, so its search ends."""
+    if not seen or not all(p.cut for p in seen):
+        return False
+    lead = _cut_lead(seen)
+    if lead is None:
+        return False
+    top = [p for p in seen if p.feasible and p.value * (1 + b.gain) >= lead.value]
+    above = any(p.concurrency > lead.concurrency for p in seen)
+    return lead.concurrency >= b.high or len(top) >= 2 or above
+
+
+def _cut_lead(points: Sequence[Point]) -> Point | None:
+    """The cut point with the best projection among those whose SLOs held so far."""
+    held = [p for p in points if p.cut and p.feasible]
+    return max(held, key=lambda p: p.value) if held else None
+
+
+def _cutter(
+    cfg: StudyConfig, seen: Sequence[Point], concurrency: int, beat: float | None
+) -> Cutter | None:
+    """The early stop of the next run on this server (search/cut.py), or None: against the
+    larger of the study's best score and this server's best point so far that held its SLOs
+    (a projection, for a cut one: the search steps by it). The first run of the study's first
+    server has nothing to beat and runs in full; a Pareto study runs every window in full
+    (a cut run has no latency to place on the front)."""
+    if not cfg.budget.early_stop or cfg.objective.pareto_latency is not None:
+        return None
+    lead = max((p.value for p in seen if p.feasible), default=0.0)
+    target = max(lead, beat or 0.0)
+    return cutter(cfg.objective.metric, cfg.workload.duration_s, concurrency, target)
 
 
 def _clear_of_limits(constraints: Mapping[str, float]) -> bool:
@@ -310,12 +382,14 @@ def died_at(outcome: TrialOutcome, params: Mapping[str, Any]) -> int | None:
 
 def _failure(outcomes: Mapping[int, TrialOutcome]) -> TrialOutcome:
     """No point held its SLOs: a death or the world's failure tells most, else the lowest
-    concurrency's miss (the least load this server was asked to carry)."""
+    concurrency's miss (the least load this server was asked to carry). A cut run tells
+    nothing more than that it could not win: the lowest one, when every run was cut."""
     for status in (Status.WORLD, Status.FLAGGED, Status.DIED):
         for out in outcomes.values():
             if out.status == status:
                 return out
-    return outcomes[min(outcomes)]
+    full = {c: o for c, o in outcomes.items() if o.status != Status.CUT} or outcomes
+    return full[min(full)]
 
 
 def _record(p: Point, out: TrialOutcome) -> dict[str, Any]:
@@ -326,8 +400,10 @@ def _record(p: Point, out: TrialOutcome) -> dict[str, Any]:
         "value": round(p.value, 3),
         "score": round(p.value, 3),
         **{k: round(v, 3) for k, v in figures.items()},
-        "feasible": out.feasible,  # held its SLOs
-        "clear": p.feasible,  # held them with SLO_MARGIN to spare
+        "feasible": out.feasible and not p.cut,  # held its SLOs
+        "clear": p.feasible and not p.cut,  # held them with SLO_MARGIN to spare
+        "cut": p.cut,  # ended early: `value` is its projection, never a score
+        "held_so_far": p.cut and p.feasible,  # a cut run's SLOs held while it ran
         "status": p.status,
         "reason": p.reason,
         "failure": p.failure,

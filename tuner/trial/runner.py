@@ -39,7 +39,6 @@ seam that takes the keyword, the load run's own `LoadProgress`: the live display
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import time
 import urllib.error
@@ -54,7 +53,7 @@ from tuner.config.schema import StudyConfig
 from tuner.errors import InfraError, TrialTimeout
 from tuner.loadgen.metrics import goodput
 from tuner.loadgen.names import trial_run_keys
-from tuner.outcome import Status, TrialOutcome, failed_outcome, measured_outcome
+from tuner.outcome import Status, TrialOutcome, cut_outcome, failed_outcome, measured_outcome
 from tuner.search.mode import inner_mode
 from tuner.search.space import canonical, client_params, server_flags
 from tuner.server.launch import LaunchSpec, build_launch, server_log_path, shown_command
@@ -64,6 +63,7 @@ from tuner.sglang.flags import LaunchFlags, effective_flags
 from tuner.trial.inner import InnerSearch
 from tuner.trial.learning import learned_death, learned_failure, learned_start, recalled
 from tuner.trial.rejected import rejected_flags, study_file_at_fault
+from tuner.trial.seams import takes_keywords
 from tuner.trial.spent import PhaseTimes
 from tuner.verdict.tails import tails_of
 from tuner.watch.events import PhaseChanged
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from tuner.config.objective import SLOSection
-    from tuner.loadgen.result import LoadResult
+    from tuner.loadgen.result import Cut, LoadResult
 
 #: after a run stopped by errors, how long to watch for the server's death before blaming errors
 DEATH_GRACE_S = 5.0
@@ -98,7 +98,8 @@ class ServerControl(Protocol):
 
 #: (base_url, client-side params such as concurrency and request-rate) -> one load run; it may
 #: also take keywords `time_limit_s` (the trial's time left) and `on_phase` (called with
-#: "warmup" and "load"), as `loadgen.run_load_sync` does, and `on_progress` (LoadProgress)
+#: "warmup" and "load"), as `loadgen.run_load_sync` does, `on_progress` (LoadProgress), and
+#: `cut` (a rule that may end the run early: search/cut.py)
 LoadRun = Callable[..., "LoadResult"]
 
 
@@ -155,8 +156,9 @@ class TrialRunner:
         self.deadline: float | None = None
         self._phases_log: Path | None = None
         self._logged: str | None = None  # the last phase written to this trial's phases.log
-        self._load_kw = _keywords(run_load, ("time_limit_s", "on_phase"))
-        self._progress_kw = _keywords(run_load, ("on_progress",))
+        self._load_kw = takes_keywords(run_load, ("time_limit_s", "on_phase"))
+        self._progress_kw = takes_keywords(run_load, ("on_progress",))
+        self._cut_kw = takes_keywords(run_load, ("cut",))
         #: hears PhaseChanged and the load run's LoadProgress (None: nobody watches)
         self.on_progress: Callable[[Any], None] | None = None
         self.number: int | None = None  # the trial being run
@@ -217,8 +219,8 @@ class TrialRunner:
         else:
             self.reuses += 1
 
-        def measure(p: Mapping[str, Any], where: Path) -> TrialOutcome:
-            return self.measure(p, flags, info, restarted, where)
+        def measure(p: Mapping[str, Any], where: Path, cut: Cut | None = None) -> TrialOutcome:
+            return self.measure(p, flags, info, restarted, where, cut)
 
         if self.inner is not None and "concurrency" not in params:
             cap = self.knowledge.death_cap(flags)
@@ -237,10 +239,12 @@ class TrialRunner:
         info: dict[str, Any],
         restarted: bool,
         trial_dir: Path,
+        cut: Cut | None = None,
     ) -> TrialOutcome:
-        """One load run on the live server at `params`' client side, judged."""
+        """One load run on the live server at `params`' client side, judged; `cut` may end it
+        early (search/cut.py), where the load seam takes it."""
         trial_dir.mkdir(parents=True, exist_ok=True)
-        load = self._load(params)
+        load = self._load(params, cut)
         self._enter("scoring")
         keys = trial_run_keys(self.cfg.workload, client_params(params))
         return self._judge(load, flags, info, restarted, trial_dir, keys)
@@ -319,13 +323,15 @@ class TrialRunner:
 
     # --- the load run and its verdict ---------------------------------------------------------
 
-    def _load(self, params: Mapping[str, Any]) -> LoadResult:
+    def _load(self, params: Mapping[str, Any], cut: Cut | None = None) -> LoadResult:
         self._enter("warmup")
         kw: dict[str, Any] = {}
         if self._load_kw:
             kw = {"time_limit_s": self._left(), "on_phase": self._on_load_phase}
         if self._progress_kw and self.on_progress is not None:
             kw["on_progress"] = self.on_progress
+        if self._cut_kw and cut is not None:
+            kw["cut"] = cut
         try:
             return self.run_load(self.base_url, client_params(params), **kw)
         except TrialTimeout as exc:
@@ -362,6 +368,8 @@ class TrialRunner:
             )
         if hung is not None:
             return failed_outcome(objective, Status.WORLD, hung, HUNG, metrics=metrics, **kw)
+        if load.stopped == "cut":
+            return cut_outcome(objective, metrics, load.cut_reason or "cut", **kw)
         # a run cut by its error budget is the server's doing, not a client that lagged
         lagged = load.flagged and load.stopped != "error_budget"
         tails = tails_of(load.records, objective.slo) if load.records else None  # poolable
@@ -474,17 +482,6 @@ class TrialRunner:
                 # vars, not asdict: a record is flat, and asdict's deep copies of thousands
                 # of records took seconds per trial
                 f.write(json.dumps(vars(rec), default=str) + "\n")
-
-
-def _keywords(fn: Callable[..., Any], names: Sequence[str]) -> bool:
-    """Does `fn` take every keyword in `names` (or **kwargs)?"""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return True
-    return all(n in params for n in names)
 
 
 def _health_ok(base_url: str, timeout_s: float) -> bool:

@@ -141,5 +141,6 @@ def _within(t: FrozenTrial, score: float) -> bool:
         and bool(t.values)
         and is_feasible(t.constraints)
         and Attr.DUPLICATE_OF not in t.user_attrs
+        and t.user_attrs.get(Attr.STATUS) != Status.CUT  # a projection, not a held score
         and t.values[0] >= (1 - WITHIN) * score
     )

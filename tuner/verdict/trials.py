@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.outcome import Attr, is_feasible
+from tuner.outcome import Attr, Status, is_feasible
 from tuner.search.space import canonical
 
 
@@ -22,13 +22,15 @@ def completed(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Completed, feasible trials that measured (duplicates answer from an earlier trial)."""
+    """Completed, feasible trials that measured (duplicates answer from an earlier trial; a
+    server whose runs were all cut holds a projection, not a score: trial/inner.py)."""
     return [
         t
         for t in completed(study)
         if t.values is not None
         and is_feasible(t.constraints)
         and Attr.DUPLICATE_OF not in t.user_attrs
+        and t.user_attrs.get(Attr.STATUS) != Status.CUT
     ]
 
 

@@ -118,3 +118,24 @@ def test_duration_bounded_run_tracks_the_server(sim: SimProc) -> None:
     # noticed the disconnect (with the few tokens it made after the cut)
     gen = res.server.generation_tokens
     assert m.total_output <= gen <= m.total_output + m.cut_output + 16 * m.cancelled
+
+
+def test_a_cut_rule_ends_the_run_and_what_it_heard_is_what_was_recorded(sim: SimProc) -> None:
+    """search/cut.py's seam on real HTTP: the rule hears the run about once a second (tokens
+    counted as streamed, requests streaming); its reason stops the run as cut within a tick,
+    and the requests in flight are recorded as cut with what they had received."""
+    heard = []
+
+    def rule(p):
+        heard.append(p)
+        return "cannot beat it" if p.elapsed_s >= 2.0 else None
+
+    reqs = _reqs(400, input_len=200, output_len=400, seed=3)
+    res = run_load_sync(sim.url, reqs, _opts(concurrency=16, duration_s=60), cut=rule)
+    assert res.stopped == "cut" and res.cut_reason == "cannot beat it"
+    assert 2.0 <= res.duration_s < 4.0  # not the 60 s window
+    assert heard[-1].streaming > 0 and heard[-1].window_s == 60
+    # tokens only add up after the tick (cut requests keep what they had received)
+    assert heard[-1].output_tokens <= sum(r.output_len for r in res.records)
+    assert sum(r.cancelled for r in res.records) >= 1
+    assert res.summary()["cut_reason"] == "cannot beat it"

@@ -92,12 +92,13 @@ def _numbered(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 def test_the_study_counts_gpu_hours_to_the_first_config_within_two_percent() -> None:
     trials = _numbered(
         [
+            _trial(0.75, 995.0, 900, status=Status.CUT),  # 2: a projection, never a held score
             _trial(0.9, 900.0, 1800),  # 4 GPU-hours, 10% short of the winner
             _trial(0.5, 0.0, 900, feasible=False, status=Status.START_FAILED),  # 2
             _trial(0.6, None, 450, state=TrialState.FAIL),  # a world failure: 1, spent all the same
             _trial(0.7, 2000.0, 900, feasible=False),  # beyond, but missed its SLOs: 2
-            _trial(0.8, 985.0, 1800),  # 4: within 2% of 1000 -> held at 13 GPU-hours
-            _trial(0.8, 985.0, None, duplicate_of=4),  # answered from #4: nothing ran
+            _trial(0.8, 985.0, 1800),  # 4: within 2% of 1000 -> held at 15 GPU-hours
+            _trial(0.8, 985.0, None, duplicate_of=5),  # answered from #4: nothing ran
             _trial(0.85, 1010.0, 1800),  # 4: the best, later
             _trial(0.55, 0.0, None, status=Status.REJECTED),  # the pre-check: nothing ran
         ]
@@ -108,14 +109,14 @@ def test_the_study_counts_gpu_hours_to_the_first_config_within_two_percent() -> 
         "unrelated": {"6": [1.0]},
     }
     spent = gpu_time(trials, attrs, score=1000.0)
-    assert spent.search == pytest.approx(17.0) and spent.confirm == pytest.approx(3.0)
-    assert spent.total == pytest.approx(20.0) and spent.unrecorded == 0
-    assert spent.first_within == (4, 13.0)
-    assert spent.phases["startup_s"] == pytest.approx(6 * 600 * 8 / 3600)
-    assert spent.phases["load_s"] == pytest.approx((17 - 6 * 600 * 8 / 3600) + 300 * 8 / 3600)
+    assert spent.search == pytest.approx(19.0) and spent.confirm == pytest.approx(3.0)
+    assert spent.total == pytest.approx(22.0) and spent.unrecorded == 0
+    assert spent.first_within == (5, 15.0)
+    assert spent.phases["startup_s"] == pytest.approx(7 * 600 * 8 / 3600)
+    assert spent.phases["load_s"] == pytest.approx((19 - 7 * 600 * 8 / 3600) + 300 * 8 / 3600)
     out = spent.as_json()
-    assert out["first_within"] == {"trial": 4, "gpu_hours": 13.0} and out["total"] == 20.0
-    assert "first within 2% of the winner's score at 13.00 GPU-hours (trial #4)" in spent.text()
+    assert out["first_within"] == {"trial": 5, "gpu_hours": 15.0} and out["total"] == 22.0
+    assert "first within 2% of the winner's score at 15.00 GPU-hours (trial #5)" in spent.text()
     # nothing feasible came within 2% of 1200 (only the infeasible 2000 did); no winner: none
     assert gpu_time(trials, attrs, score=1200.0).first_within is None
     assert gpu_time(trials, attrs, score=None).first_within is None

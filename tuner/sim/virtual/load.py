@@ -25,17 +25,18 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from tuner.errors import TrialTimeout
-from tuner.loadgen.metrics import RequestRecord, ServerView
+from tuner.loadgen.metrics import RequestRecord
 from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import MIN_ERRORS, LoadOptions
-from tuner.loadgen.result import LoadResult
-from tuner.loadgen.timed import Refill, ended_early, stock
+from tuner.loadgen.result import Cut, LoadProgress, LoadResult
+from tuner.loadgen.timed import PROGRESS_EVERY_S, Refill, ended_early, stock
 from tuner.loadgen.workload import Request
 from tuner.sim import tokens
-from tuner.sim.engine import Engine, EngineOOM, EngineStats, QueueFull
+from tuner.sim.engine import Engine, EngineOOM, QueueFull
 from tuner.sim.engine.schedreq import SchedReq
 from tuner.sim.http.common import BadRequest, check_input
 from tuner.sim.http.server import SimServer
+from tuner.sim.virtual.view import ViewSampler
 
 #: the text of a request the dying server was serving, as aiohttp reports it
 DISCONNECTED = "ServerDisconnectedError: Server disconnected"
@@ -119,11 +120,13 @@ class VirtualRun:
         opt: LoadOptions,
         ids_cache: dict[tuple[int, str], tuple[int, ...]] | None = None,
         more: Refill | None = None,
+        cut: Cut | None = None,
     ):
         self.proc = proc
         self.requests = requests
         self.opt = opt
         self.more = more
+        self.cut = cut  # heard about once a virtual second, as loadgen's rule is
         self._ids = ids_cache if ids_cache is not None else {}
 
     def ids(self, req: Request) -> tuple[int, ...]:
@@ -207,6 +210,9 @@ class _Timed:
         #: Poisson: the earliest time of the next arrival (it waits while nothing is ready)
         self.next_arrival = math.inf
         self.t0 = self.end = 0.0
+        self.cut_reason: str | None = None
+        self.tokens_done = 0  # output tokens of the requests that ended
+        self._told = -math.inf
 
     def _chain(self, planned: list[Request]) -> list[Request]:
         """The requests sendable at once, in order; later turns wait in `successor`."""
@@ -246,7 +252,7 @@ class _Timed:
         proc, opt = self.proc, self.opt
         self.t0 = proc.now
         self.end = self.t0 + opt.duration_s if opt.duration_s is not None else math.inf
-        view = _ViewSampler(proc.engine, self.t0, opt.metrics_interval_s)
+        view = ViewSampler(proc.engine, self.t0, opt.metrics_interval_s)
         if proc.dead is not None:
             return self._died(self.t0)
         if self.poisson:
@@ -284,6 +290,7 @@ class _Timed:
             for r in finished:
                 self._finished(r, now)
             self._fill(now)
+            self._tell(now)
         stop_at = min(proc.now, self.end)
         self._cut(stop_at)
         return self._result(stop_at, view)
@@ -291,6 +298,25 @@ class _Timed:
     def _stop(self, why: str) -> None:
         if self.stopped is None:
             self.stopped = why
+
+    def _tell(self, now: float) -> None:
+        """loadgen's `_tell`: the caller's `cut` hears the run about once a second."""
+        if self.vr.cut is None or now - self._told < PROGRESS_EVERY_S or self.stopped:
+            return
+        self._told = now
+        got = [f.sched.out for f in self.flights.values() if f.sched is not None and f.sched.out]
+        seen = LoadProgress(
+            elapsed_s=now - self.t0,
+            window_s=self.opt.duration_s,
+            done=len(self.records),
+            planned=self.planned,
+            output_tokens=self.tokens_done + sum(got),
+            streaming=len(got),
+        )
+        why = self.vr.cut(seen)
+        if why is not None:
+            self.cut_reason = why
+            self._stop("cut")
 
     # --- sending ----------------------------------------------------------------------------
 
@@ -384,6 +410,7 @@ class _Timed:
     def _add(self, rec: RequestRecord, req: Request) -> None:
         """loadgen's bookkeeping: the error budget, the follow-up turn, the end of the list."""
         self.records.append(rec)
+        self.tokens_done += rec.output_len
         self.outstanding -= 1
         if not rec.ok and not rec.cancelled:
             self.errors += 1
@@ -428,7 +455,7 @@ class _Timed:
             options=self.opt,
         )
 
-    def _result(self, at: float, view: _ViewSampler) -> LoadResult:
+    def _result(self, at: float, view: ViewSampler) -> LoadResult:
         duration = at - self.t0
         server = view.view(duration) if self.proc.srv.ns.enable_metrics else None
         return LoadResult(
@@ -439,47 +466,5 @@ class _Timed:
             stopped=self.stopped or "done",
             options=self.opt,
             exhausted=self.exhausted,
-        )
-
-
-class _ViewSampler:
-    """The server's /metrics as the client would scrape it: counters before and after, gauges
-    once per `interval_s` of the run."""
-
-    def __init__(self, engine: Engine, t0: float, interval_s: float):
-        self.engine = engine
-        self.before = engine.stats()
-        self.interval = interval_s if interval_s > 0 else math.inf
-        self.next_at = t0 + self.interval
-        self.samples: list[EngineStats] = []
-        self.t0 = t0
-
-    def sample_until(self, now: float) -> None:
-        while self.next_at <= now:
-            self.samples.append(self.engine.stats())
-            self.next_at += self.interval
-
-    def view(self, duration_s: float) -> ServerView:
-        a, b = self.engine.stats(), self.before
-        gen = a.generation_tokens_total - b.generation_tokens_total
-        prompt = a.prompt_tokens_total - b.prompt_tokens_total
-        cached = a.cached_tokens_total - b.cached_tokens_total
-        s = self.samples
-
-        def mean(values: list[float]) -> float | None:
-            return sum(values) / len(values) if values else None
-
-        usage = [x.token_usage for x in s]
-        return ServerView(
-            generation_tokens=float(gen),
-            prompt_tokens=float(prompt),
-            cached_tokens=float(cached),
-            requests=float(a.num_requests_total - b.num_requests_total),
-            output_throughput=gen / duration_s if duration_s > 0 else None,
-            cache_hit_rate=cached / prompt if prompt else mean([x.cache_hit_rate for x in s]),
-            mean_running_reqs=mean([float(x.num_running_reqs) for x in s]),
-            mean_queue_reqs=mean([float(x.num_queue_reqs) for x in s]),
-            mean_token_usage=mean(usage),
-            max_token_usage=max(usage) if usage else None,
-            samples=len(s),
+            cut_reason=self.cut_reason,
         )

@@ -18,7 +18,7 @@ from tuner.capacity.models import hardware_of
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, HostUnreachable, TunerError
 from tuner.loadgen.plan import refill_for, study_load_options
-from tuner.loadgen.result import LoadResult
+from tuner.loadgen.result import Cut, LoadResult
 from tuner.loadgen.workload import Request
 from tuner.server.target import Launch
 from tuner.sim.flags import FlagError, parse_flags
@@ -32,7 +32,7 @@ EXPECTED = "[{python}, -m, tuner.sim, --sim-profile, NAME, ...]"
 
 
 class VirtualLoad:
-    """The load seam: (base_url, client params, time_limit_s=, on_phase=) -> LoadResult, run on
+    """The load seam: (base_url, client params, time_limit_s=, on_phase=, cut=) -> LoadResult, on
     the virtual server's engine with the study's one fixed request list."""
 
     def __init__(self, server: VirtualServer, cfg: StudyConfig, requests: list[Request]):
@@ -49,6 +49,7 @@ class VirtualLoad:
         *,
         time_limit_s: float | None = None,
         on_phase: Callable[[str], None] | None = None,
+        cut: Cut | None = None,
     ) -> LoadResult:
         options = study_load_options(self.cfg, client, max_loop_lag_ms=STUDY_MAX_LOOP_LAG_MS)
         proc = self.server.process
@@ -56,7 +57,7 @@ class VirtualLoad:
             raise HostUnreachable(f"cannot reach {url}: connection refused (no server running)")
         self.runs += 1
         more = refill_for(self.cfg.workload)
-        run = VirtualRun(proc, self.requests, options, self._ids, more)
+        run = VirtualRun(proc, self.requests, options, self._ids, more, cut)
         return run.run(time_limit_s, on_phase)
 
 

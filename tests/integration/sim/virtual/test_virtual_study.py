@@ -153,3 +153,55 @@ def test_virtual_with_a_real_launch_is_one_line(tmp_path: Path) -> None:
 
 def _db(runs: Path, name: str) -> str:
     return f"sqlite:///{runs / name / 'study.db'}"
+
+
+def test_a_virtual_study_cuts_runs_that_cannot_win_and_exports_a_measured_one(
+    tmp_path: Path,
+) -> None:
+    """budget.early_stop (search/cut.py) through `tuner tune --virtual`, status and report:
+    runs that cannot beat the best end before their window and are recorded as cut; a server
+    whose every run was cut is a `cut` trial holding a projection; the export names a trial
+    that ran its window in full; the baseline's server spends less load time than with
+    early_stop off."""
+    spent = {}
+    for early in (True, False):
+        name = f"cut-{str(early).lower()}"
+        study = study_file(
+            tmp_path,
+            name=name,
+            n_trials=8,
+            workload__duration_s=20,
+            budget__early_stop=early,
+            budget__confirm_top=0,
+            baseline={"mem-fraction-static": 0.85},
+        )
+        data = yaml.safe_load(study.read_text())
+        data["space"]["concurrency"]["search"] = "inner"
+        study.write_text(yaml.safe_dump(data, sort_keys=False))
+        runs = tmp_path / "runs"
+        out = tuner("tune", str(study), "--runs-dir", str(runs), "--virtual")
+        assert out.returncode == 0, out.stderr[-3000:]
+        trials = completed(optuna.load_study(study_name=name, storage=_db(runs, name)))
+        # the baseline's server (trial 0) is the same in both, and so are its runs' concurrencies
+        spent[early] = trials[0].user_attrs[Attr.SPENT]["load_s"]
+        points = [p for t in trials for p in t.user_attrs.get(Attr.LOAD_POINTS) or []]
+        cut = [p for p in points if p["cut"]]
+        if not early:
+            assert not cut
+            continue
+        assert cut and all(not p["clear"] and "cannot beat" in p["reason"] for p in cut)
+        best = yaml.safe_load((runs / name / "best.yaml").read_text())
+        mfs = pytest.approx(best["mem-fraction-static"])
+        winner = [t for t in trials if t.params["mem-fraction-static"] == mfs]
+        assert any(t.user_attrs[Attr.STATUS] == Status.OK for t in winner)
+        chosen = {int(t.user_attrs[Attr.CLIENT]["concurrency"]) for t in winner}
+        ran_full = {
+            p["concurrency"] for t in winner for p in t.user_attrs[Attr.LOAD_POINTS] if not p["cut"]
+        }
+        assert chosen <= ran_full
+        status = tuner("status", str(study), "--runs-dir", str(runs))
+        assert status.returncode == 0, status.stderr[-2000:]
+        report = tuner("report", str(study), "--runs-dir", str(runs))
+        assert report.returncode == 0, report.stderr[-2000:]
+    print(f"the baseline's load seconds: early_stop on {spent[True]:.0f}, off {spent[False]:.0f}")
+    assert spent[True] < spent[False]

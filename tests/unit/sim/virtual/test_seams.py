@@ -66,10 +66,10 @@ def start(server: VirtualServer, c: StudyConfig, **flags: Any):
     return server.restart(spec, "/tmp/unused.log")
 
 
-def run(c: StudyConfig, seed: int = 1, noise: bool = True, **client: Any):
+def run(c: StudyConfig, seed: int = 1, noise: bool = True, cut: Any = None, **client: Any):
     server = VirtualServer(seed, noise=noise)
     assert start(server, c, **{"mem-fraction-static": 0.85}).ok
-    return VirtualLoad(server, c, requests(c))("virtual", {"concurrency": 16, **client})
+    return VirtualLoad(server, c, requests(c))("virtual", {"concurrency": 16, **client}, cut=cut)
 
 
 @pytest.mark.parametrize(
@@ -176,6 +176,28 @@ def test_a_follow_up_turn_starts_after_its_previous_turn_ended() -> None:
     assert follow
     for r in follow:
         assert r.start_s >= ended[(r.conversation, r.turn - 1)] - 1e-9
+
+
+def test_a_cut_rule_ends_a_virtual_run_as_loadgen_ends_one() -> None:
+    """The rule hears the run about once a virtual second with what a client counts; its
+    reason stops the run as cut, requests in flight recorded as cut with what they had."""
+    c = cfg(duration_s=20)
+    heard: list = []
+
+    def rule(p):
+        heard.append(p)
+        return "enough" if p.elapsed_s >= 5.0 else None
+
+    result = run(c, cut=rule)
+    assert result.stopped == "cut" and result.cut_reason == "enough" and result.was_cut
+    assert 5.0 <= result.duration_s < 6.5  # stopped at the tick that said so, not at 20 s
+    assert all(b.elapsed_s - a.elapsed_s >= 0.99 for a, b in itertools.pairwise(heard))
+    last = heard[-1]
+    assert last.window_s == 20 and last.streaming > 0 and last.done > 0
+    # the tokens it was told are what the records hold when it stopped (none came after)
+    assert sum(r.output_len for r in result.records) == last.output_tokens
+    assert sum(r.cancelled for r in result.records) == last.streaming
+    assert score_load(result, c.objective.slo)["stopped"] == "cut"
 
 
 def test_the_trials_time_left_bounds_a_virtual_load_run() -> None:

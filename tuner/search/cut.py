@@ -1,0 +1,124 @@
+"""Early-stopped load runs: end a run once it clearly cannot beat the best point known. Pure.
+
+A load run scores a window of W seconds: every output token received in it, over W. Watched
+about once a second (loadgen's `LoadProgress`: the tokens received so far, requests ended),
+the score the run will end with is projected from the rate since its first token:
+
+    rate = tokens(t) / (t - first)        projected = (tokens(t) + rate * (W - t)) / W
+
+The rate since the first token, not the recent one: a closed loop of equal requests runs in
+waves (every stream prefills, decodes and ends together), and a recent rate swings with where
+the last wave fell (Kimi TP8, 16 streams of 1,000 tokens: 0 to 420 tok/s in 5 s slices); the
+first prefill, which a rate since t = 0 would count, is left out. The rest of the window may
+still run faster than the part seen (caches warm, the first waves' prefills amortise), so the
+run is cut only when even the optimistic projection
+
+    high = (tokens(t) + rate * (1 + DRIFT) * (W - t)) / W
+
+is below the score to beat by more than the run-to-run noise: high * (1 + NOISE) < target.
+
+Measured (the simulator's profiles, 2-10 server configurations x 4 concurrencies each, noisy
+starts: Llama-8B on an H100 and on 32 GB, Llama-70B TP4 multi-turn, Kimi TP8 shared prefix with
+90 s and 300 s windows), the final score over `projected` at the first moment a run may be
+cut was at most 1.15 (Kimi, 300 s windows, a quarter in) and at most 1.11 elsewhere; DRIFT =
+0.25 on the rest of the window keeps `high` above the final score in every one of them
+(about 0.96 of it at worst). A run may be cut only once it is past its ramp-up: a fifth of the
+window and MIN_SEEN_S gone, its first token MIN_RATE_S behind it, and half as many requests ended
+as it runs streams (before that, the score is mostly the first wave's prefill: loadgen/window.py).
+A window too short for that (the demo's 6 s) is never cut.
+
+What is cut, and against what (trial/inner.py): a run that cannot beat the larger of the
+study's best score and its server's best point so far. A cut run is recorded as cut: its
+projection steers the inner search (a climb goes on past a cut point that gains), never the
+pooled curve, a confirmation or the export. A server whose every run was cut cannot beat the
+study's best: its trial is `Status.CUT`, its value the best projection (what the sampler learns,
+labelled as such), and no full window is spent to score a server that cannot win.
+
+Optuna's pruners (median, percentile, Wilcoxon) compare a trial's intermediate values with other
+trials' at the same step. The unit cut here is one load run inside a trial, and the trial's
+score is the best of its runs: pruning the trial would drop its measured points from TPE's model
+(optuna ranks a pruned trial below every complete one, whatever it measured), so this rule is
+the tuner's own. It applies to `window_output_throughput`, the score the progress counts; a
+study scored on another metric runs every window in full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.loadgen.result import LoadProgress
+
+#: how much faster than the rate so far the rest of a window may run (see the module docstring)
+DRIFT = 0.25
+#: the run-to-run spread of one configuration's window score a cut must clear
+NOISE = 0.05
+#: a run is not judged before this share of its window ...
+MIN_SHARE = 0.2
+#: ... nor before this many seconds, nor with a rate of fewer seconds than MIN_RATE_S
+MIN_SEEN_S = 10.0
+MIN_RATE_S = 5.0
+#: ... nor before this many requests ended per stream (the first wave's prefill behind it)
+MIN_ENDED_PER_STREAM = 0.5
+#: the metric whose window the progress measures
+CUT_METRIC = "window_output_throughput"
+
+
+@dataclass
+class Cutter:
+    """One load run's early stop: `cut(progress)` returns why the run cannot beat `target`
+    (then the run stops as cut), else None; `projected` is the latest projection (tok/s)."""
+
+    target: float  # the score to beat (tok/s)
+    window_s: float
+    concurrency: int
+    #: (when, tokens, requests ended, requests streaming) as the batch was first full
+    full: tuple[float, int, int, int] | None = None
+    widest: int = 0  # the most requests seen streaming at once
+    projected: float | None = None
+    at_s: float | None = None  # when the run was cut
+
+    def project(self, p: LoadProgress) -> tuple[float, float] | None:
+        """(projected, optimistic) final score of the run, or None while it ramps up."""
+        self.widest = max(self.widest, p.streaming)
+        if self.full is None and self._filled(p):
+            self.full = (p.elapsed_s, p.output_tokens, p.done, p.streaming)
+        if self.full is None:
+            return None
+        since, base, ended, batch = self.full
+        rate_s = p.elapsed_s - since
+        if rate_s < MIN_RATE_S or p.elapsed_s < max(MIN_SHARE * self.window_s, MIN_SEEN_S):
+            return None
+        if p.done - ended < max(batch, 1):  # the rate must span a whole turnover of the batch
+            return None
+        rate = (p.output_tokens - base) / rate_s
+        rest = max(self.window_s - p.elapsed_s, 0.0)
+        projected = (p.output_tokens + rate * rest) / self.window_s
+        return projected, (p.output_tokens + rate * (1 + DRIFT) * rest) / self.window_s
+
+    def cut(self, p: LoadProgress) -> str | None:
+        got = self.project(p)
+        if got is None:
+            return None
+        self.projected, high = got
+        if high * (1 + NOISE) >= self.target:
+            return None
+        self.at_s = p.elapsed_s
+        return (
+            f"cut at {p.elapsed_s:.0f} of {self.window_s:.0f} s: projected "
+            f"{self.projected:.1f} tok/s, at most {high:.1f}, cannot beat {self.target:.1f}"
+        )
+
+    def _filled(self, p: LoadProgress) -> bool:
+        """Past the first prefill: every stream has had a token, or (a pool that admits fewer
+        than the streams) as many requests ended as ever streamed at once."""
+        return p.done + p.streaming >= self.concurrency or (p.done > 0 and p.done >= self.widest)
+
+
+def cutter(
+    metric: str, window_s: float | None, concurrency: int, target: float | None
+) -> Cutter | None:
+    """A run's `Cutter`, or None when it cannot be cut: another metric, no window (a run
+    bounded by its request count), or nothing to beat."""
+    if metric != CUT_METRIC or not window_s or not target or target <= 0:
+        return None
+    return Cutter(target, float(window_s), max(int(concurrency), 1))
