@@ -60,7 +60,8 @@ class BudgetSection(Model):
     concurrency_probes: int = Field(1, ge=0, le=4)
     inner_runs: int = Field(5, ge=1, le=20)  # load runs per server in the inner search
     #: end a load run early once it clearly cannot beat the best point known, and record it
-    #: as cut, never as a measured score (tuner/search/cut.py); false: every run its full window
+    #: as cut, never as a measured score (tuner/search/cut.py); confirmation drops a candidate
+    #: that trails a steady winner beyond the noise (study/confirm.py); false: neither
     early_stop: bool = True
 
     @field_validator("timeout", "trial_timeout", mode="before")

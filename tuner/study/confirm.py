@@ -30,7 +30,7 @@ from tuner.trial.runner import TrialRunner
 from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
 from tuner.verdict.gpuhours import CONFIRM_SPENT_ATTR
 from tuner.verdict.trials import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed, top_trials
-from tuner.verdict.winner import unsettled
+from tuner.verdict.winner import out_of_reach, unsettled
 from tuner.watch.events import TrialStarted
 
 #: + ":<worker>": [trials complete, extra confirmation rounds that worker ran at that count]
@@ -106,8 +106,11 @@ class ConfirmRecord:
 class Confirmation:
     """One worker's confirmation of a study's best configurations (`Tuning.confirm`).
 
-    The best `top` feasible configs run `repeats` times, each run on a fresh server (the luck of
-    a start is most of a configuration's noise); the study keeps every value. Then, at most
+    The best `top` feasible configs run `repeats` times, round by round, each run on a fresh
+    server (the luck of a start is most of a configuration's noise); the study keeps every
+    value. With `budget.early_stop`, a candidate that trails a steady winner by more than the
+    noise after a round (`verdict.winner.out_of_reach`) skips the rounds left: the winner
+    always runs every repeat, and a shaky one keeps every candidate in. Then, at most
     `budget.confirm_extra` rounds of `verdict.winner.unsettled`: a winner with a start that
     missed on its own, or unsure of holding its limits (verdict/tails.py), runs again beside the
     best config not yet confirmed, one whose pooled p99 is near a limit runs again, and one
@@ -141,8 +144,14 @@ class Confirmation:
         record = ConfirmRecord(self.study, self.worker)
         self._repeats = repeats
         try:
-            for t in top_trials(self.study, top):
-                self._runs(t, record, repeats)
+            tops = top_trials(self.study, top)
+            # round by round: a candidate out of reach of a steady winner after a round (its
+            # gap beyond the noise measured) runs no more repeats with budget.early_stop
+            for k in range(1, repeats + 1):
+                out = out_of_reach(self.study) if k > 1 and self.cfg.budget.early_stop else set()
+                for t in tops:
+                    if t.number not in out:
+                        self._runs(t, record, k)
             extra = self.cfg.budget.confirm_extra - record.rounds if top else 0
             for done in range(extra):
                 numbers = unsettled(self.study, rounds_left=extra - done)

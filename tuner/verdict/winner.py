@@ -166,12 +166,7 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
         return None
     winner, second = ranked[0], ranked[1]
     w_mean, r_mean = winner.worth, second.worth  # as ranked: the odds of holding count
-    squares, dof = 0.0, 0
-    for c in ranked:
-        mean = sum(c.runs) / len(c.runs)
-        if len(c.runs) > 1 and mean > 0:
-            squares += sum(((x - mean) / mean) ** 2 for x in c.runs)
-            dof += len(c.runs) - 1
+    cv = _noise_cv(ranked)
     gap = 100 * (w_mean - r_mean) / w_mean if w_mean else 0.0
     out: dict[str, Any] = {
         "runner_up": second.trial.number,
@@ -183,11 +178,42 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
         out["runner_up_worth"] = r_mean  # its mean charged by its odds: what gap_pct compares
     if second.missed:  # ranked 0.0: out of the running, whatever the noise
         out["runner_up_missed"] = second.missed
-    if dof == 0:
+    if cv is None:
         return {**out, "noise_pct": None, "two_sigma_pct": None, "separated": None}
-    cv = (squares / dof) ** 0.5
     two_sigma = 200 * cv * (1 / len(winner.runs) + 1 / len(second.runs)) ** 0.5
     return {**out, "noise_pct": 100 * cv, "two_sigma_pct": two_sigma, "separated": gap > two_sigma}
+
+
+def _noise_cv(ranked: Sequence[Candidate]) -> float | None:
+    """The run-to-run noise: the relative standard deviation pooled over every candidate with
+    two runs or more, each about its own runs' mean; None when none ran twice."""
+    squares, dof = 0.0, 0
+    for c in ranked:
+        mean = sum(c.runs) / len(c.runs)
+        if len(c.runs) > 1 and mean > 0:
+            squares += sum(((x - mean) / mean) ** 2 for x in c.runs)
+            dof += len(c.runs) - 1
+    return None if dof == 0 else (squares / dof) ** 0.5
+
+
+def out_of_reach(study: optuna.Study) -> set[int]:
+    """The candidates more confirmation runs cannot make the winner: each trails a steady
+    winner (not `_shaky`) by more than twice the standard error of the two means at the noise
+    measured, as `versus_runner_up` separates a runner-up. Empty while the winner is shaky (its
+    fallbacks may be needed) or no candidate ran twice (no noise to judge by)."""
+    ranked = _ranked(study)
+    if len(ranked) < 2 or _shaky(ranked[0]) or not ranked[0].worth:
+        return set()
+    cv = _noise_cv(ranked)
+    if cv is None:
+        return set()
+    best = ranked[0]
+    out = set()
+    for c in ranked[1:]:
+        gap = (best.worth - c.worth) / best.worth
+        if gap > 2 * cv * (1 / len(best.runs) + 1 / len(c.runs)) ** 0.5:
+            out.add(c.trial.number)
+    return out
 
 
 def unsettled(study: optuna.Study, rounds_left: int | None = None) -> tuple[int, ...]:

@@ -24,7 +24,13 @@ from tuner.verdict.trials import (
     all_confirm_tails,
     all_confirmations,
 )
-from tuner.verdict.winner import best_trial, held_note, unsettled, versus_runner_up
+from tuner.verdict.winner import (
+    best_trial,
+    held_note,
+    out_of_reach,
+    unsettled,
+    versus_runner_up,
+)
 
 
 def _study(first: dict[float, float], confirmations: dict[str, list[float]]) -> optuna.Study:
@@ -52,6 +58,18 @@ def test_a_gap_beyond_the_noise_is_separated() -> None:
     # pooled relative sd of both: sqrt((2 x 1% ^2 + 2 x 0.56% ^2) / 4 dof) = 0.81%
     assert v["noise_pct"] == pytest.approx(0.809, abs=0.005) and v["separated"] is True
     assert "beyond the noise" in _versus(v)
+
+
+def test_a_candidate_beyond_the_noise_of_a_steady_winner_is_out_of_reach() -> None:
+    """After a round of confirmation (the first measurement and one run each), the one 10%
+    behind at ~1% noise can no longer win; the one 1% behind still can."""
+    study = _study(
+        {0.9: 1000, 0.88: 995, 0.85: 900},
+        {"0": [1010], "1": [1000], "2": [905]},
+    )
+    assert out_of_reach(study) == {2}
+    # one run each (no noise known): nobody is out of reach yet
+    assert out_of_reach(_study({0.9: 1000, 0.85: 900}, {})) == set()
 
 
 def test_a_gap_inside_the_noise_is_not() -> None:
