@@ -170,6 +170,8 @@ def load_search(cfg: StudyConfig, study: optuna.Study) -> Chart:
                 name=f"trial {t.number}",
                 mode="lines+markers",
                 line={"color": color},
+                # a cut run's value is its projection (search/cut.py), not a measured score
+                marker={"symbol": ["circle-open" if p.get("cut") else "circle" for p in pts]},
             )
         )
         fig.add_trace(
@@ -190,4 +192,5 @@ def load_search(cfg: StudyConfig, study: optuna.Study) -> Chart:
         yaxis_title=cfg.objective.metric,
         yaxis2={"title": "p99 TTFT (ms)", "overlaying": "y", "side": "right"},
     )
-    return Chart("load_search", title, "", fig)
+    about = "A hollow marker is a run cut early: its projection, not a measured score."
+    return Chart("load_search", title, about, fig)

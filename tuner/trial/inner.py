@@ -308,9 +308,8 @@ def run_inner(
     elif lead is not None:
         values = (lead.value, *outcomes[lead.concurrency].values[1:])
         reason = (
-            f"every run that held its SLOs was cut: this server cannot beat the study's best "
-            f"({beat or 0:.1f}); its best projection {lead.value:.1f} at {NAME} "
-            f"{lead.concurrency} is not a measured score"
+            f"projected {lead.value:,.1f} at {NAME} {lead.concurrency}: every run was cut, "
+            f"none could beat the study's best {beat or 0:,.1f} (a projection, not a score)"
         )
         chosen = replace(outcomes[lead.concurrency], values=values, reason=reason)
         client = {NAME: lead.concurrency}
