@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def test_bench_gpuhours() -> None:
     """The demo, 2 seeds, 15 restarts: every curve spent GPU-hours, every night exported a
     feasible configuration."""
-    (res,) = bench(["demo"], 2, 15, 2)
+    (res,) = bench(["demo"], 2, 15, 1)
     for side in SWITCHES:
         assert all(r.hours > 0 for r in res.reach[side])
         assert all(0 < n.ratio <= 1.1 for n in res.nights[side])
