@@ -55,7 +55,7 @@ from tuner.config.schema import StudyConfig  # noqa: E402
 from tuner.outcome import Attr, full_params  # noqa: E402
 from tuner.sim.profile import load_profile  # noqa: E402
 from tuner.sim.virtual.study import virtual_seams  # noqa: E402
-from tuner.verdict.gpuhours import gpu_hours, gpu_time  # noqa: E402
+from tuner.verdict.gpuhours import PHASE_NAMES, gpu_hours, gpu_time  # noqa: E402
 from tuner.verdict.trials import all_confirmations  # noqa: E402
 from tuner.verdict.winner import best_trial  # noqa: E402
 
@@ -138,6 +138,8 @@ class Curve:
     rows: list[bs.Row]
     hours: list[float]
     wall_s: float
+    #: each trial's record by phase (trial/spent.py), for `--dump`: what a cut could save
+    spent: list[dict[str, Any]] = field(default_factory=list)
 
     def picks(self) -> list[dict[str, Any] | None]:
         """The pick after each trial."""
@@ -169,8 +171,9 @@ def run_curve(case: str, side: str, seed: int, budget: int) -> Curve:
         study = optuna.load_study(study_name=cfg.study, storage=_url(tmp, cfg))
         trials = study.get_trials(deepcopy=False)
         rows = [bs._row(t) for t in trials]
-        hours = [gpu_hours(t.user_attrs.get(Attr.SPENT) or {}) for t in trials]
-    return Curve(case, side, seed, rows, hours, time.perf_counter() - t0)
+        spent = [dict(t.user_attrs.get(Attr.SPENT) or {}) for t in trials]
+    hours = [gpu_hours(x) for x in spent]
+    return Curve(case, side, seed, rows, hours, time.perf_counter() - t0, spent)
 
 
 def run_night(case: str, side: str, seed: int, budget: int) -> Night:
@@ -328,6 +331,8 @@ def bench(
             for n in nights:
                 n.ratio = rep.ratio(n.pick)
                 res.nights.setdefault(n.side, []).append(n)
+            for side in sides:
+                out(f"[{case}] {side}: {phases([c for c in curves if c.side == side])}")
             res.wall_s = time.perf_counter() - t_case
             out(f"[{case}] optimum {rep.optimum:,.0f} at {rep.optimum_params}; {_since(t_case)}")
             out(HEADER + "\n" + row(res))
@@ -341,6 +346,15 @@ def bench(
     for res in results:
         out(row(res))
     return results
+
+
+def phases(curves: Sequence[Curve]) -> str:
+    """Where the curves' GPU-hours went, all seeds together: a cut load run saves only the
+    load's share."""
+    total = {k: sum(gpu_hours(x, k) for c in curves for x in c.spent) for k in PHASE_NAMES}
+    whole = sum(total.values()) or 1.0
+    shares = ", ".join(f"{PHASE_NAMES[k]} {100 * v / whole:.0f}%" for k, v in total.items())
+    return f"GPU-hours of the curves by phase: {shares}"
 
 
 def _rule() -> str:
@@ -360,8 +374,14 @@ def _dumped(
         "optimum_params": rep.optimum_params,
         "curves": {
             f"{c.side}/{c.seed}": [
-                {"gpu_hours": h, "launched": r.launched, "status": r.status, "ratio": rep.ratio(p)}
-                for h, r, p in zip(c.hours, c.rows, c.picks(), strict=True)
+                {
+                    "gpu_hours": h,
+                    "launched": r.launched,
+                    "status": r.status,
+                    "ratio": rep.ratio(p),
+                    "spent": x,
+                }
+                for h, r, p, x in zip(c.hours, c.rows, c.picks(), c.spent, strict=True)
             ]
             for c in curves
         },
