@@ -66,6 +66,8 @@ SWITCHES = {"before": False, "after": True}
 #: the fixed budget on the virtual clock (budget.timeout)
 NIGHT_H = 8
 STARTUP_FLAG = "--sim-startup-seconds"
+#: `--night-trials`: the nights' trial cap (None: 4 x --budget, as bench_search's search caps)
+NIGHT_TRIALS: list[int | None] = [None]
 
 
 # --- the cases: bench_search's four, two more Kimi ones -----------------------------------------
@@ -177,8 +179,9 @@ def run_curve(case: str, side: str, seed: int, budget: int) -> Curve:
 
 
 def run_night(case: str, side: str, seed: int, budget: int) -> Night:
-    """`budget` caps the trials at 4x (as bench_search's search does) should the timeout not
-    come first (nothing feasible found: then nothing is left to confirm)."""
+    """The trials are capped (`NIGHT_TRIALS`, else 4 x `budget`) should the timeout not come
+    first: a small space runs out of new configurations (duplicates take no virtual time), and
+    with nothing feasible found nothing is left to confirm."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -193,7 +196,13 @@ def run_night(case: str, side: str, seed: int, budget: int) -> Night:
         return built
 
     with tempfile.TemporaryDirectory(prefix="bench-gpuh-", dir=TMP) as tmp:
-        tune(cfg, runs_dir=Path(tmp), seed=seed, n_trials=4 * budget, make_seams=make_seams)
+        tune(
+            cfg,
+            runs_dir=Path(tmp),
+            seed=seed,
+            n_trials=NIGHT_TRIALS[0] or 4 * budget,
+            make_seams=make_seams,
+        )
         study = optuna.load_study(study_name=cfg.study, storage=_url(tmp, cfg))
         trials = study.get_trials(deepcopy=False)
         best, _ = best_trial(study)
@@ -267,7 +276,7 @@ def row(res: Result) -> str:
             return bs._med_worst([n.ratio for n in ns])
         h = statistics.median(n.gpu_hours for n in ns)
         r = statistics.median(n.restarts for n in ns)
-        ran = max(n.hours for n in ns)  # under 8: the trial cap (4 x --budget) ended it
+        ran = max(n.hours for n in ns)  # under 8: the trial cap ended it
         return f"{h:.1f}, {r:g}" + (f" (ran {ran:.1f} h)" if ran < NIGHT_H - 0.5 else "")
 
     b, a = res.reach.get("before"), res.reach.get("after")
@@ -406,12 +415,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=40, help="restarts per curve study")
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--night-trials", type=int, help="trial cap of the 8 h studies (4 x --budget)")
     p.add_argument("--sides", default=",".join(SWITCHES), help="before (early_stop off), after")
     p.add_argument("--cache", type=Path, help="keep each case's brute force here between runs")
     p.add_argument("--dump", type=Path, help="write each case's curves and nights here as JSON")
     p.add_argument("--sets", type=int, default=ROBUST_SETS[0], help="sets of starts per score")
     a = p.parse_args(argv)
-    ROBUST_SETS[0] = a.sets
+    ROBUST_SETS[0], NIGHT_TRIALS[0] = a.sets, a.night_trials
     bench(
         a.cases.split(","),
         a.seeds,
