@@ -259,7 +259,12 @@ HEADER = (
 def row(res: Result) -> str:
     def side(s: str) -> str:
         xs = res.reach.get(s)
-        return f"{median(xs)} ({worst(xs)})" if xs else "pending"
+        if not xs:
+            return "pending"
+        got = sum(r.reached for r in xs)
+        return f"{median(xs)} ({worst(xs)})" + (
+            f", {got}/{len(xs)} reached" if got < len(xs) else ""
+        )
 
     def restarts(s: str) -> str:
         xs = res.restarts_to.get(s)
@@ -276,8 +281,8 @@ def row(res: Result) -> str:
             return bs._med_worst([n.ratio for n in ns])
         h = statistics.median(n.gpu_hours for n in ns)
         r = statistics.median(n.restarts for n in ns)
-        ran = max(n.hours for n in ns)  # under 8: the trial cap ended it
-        return f"{h:.1f}, {r:g}" + (f" (ran {ran:.1f} h)" if ran < NIGHT_H - 0.5 else "")
+        lo, hi = min(n.hours for n in ns), max(n.hours for n in ns)  # under 8: the trial cap
+        return f"{h:.1f}, {r:g}" + (f" (ran {lo:.1f}-{hi:.1f} h)" if hi < NIGHT_H - 0.5 else "")
 
     b, a = res.reach.get("before"), res.reach.get("after")
     change = ratio(median(a), median(b)) if a and b else "-"
