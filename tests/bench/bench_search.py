@@ -482,6 +482,8 @@ class Report:
     confirmed: dict[int, dict[int, dict[str, Any] | None]] = field(default_factory=dict)
     #: restarts -> the confirmation's runs (each a fresh restart) of every seed
     confirm_runs: dict[int, list[int]] = field(default_factory=dict)
+    #: more configurations to score like the picks (bench_gpuhours: the pick after every trial)
+    extra: list[dict[str, Any]] = field(default_factory=list)
 
     def feasible(self, params: dict[str, Any]) -> bool:
         """Could this configuration run within its SLOs? A server configuration (inner mode:
@@ -502,7 +504,7 @@ class Report:
         """Every configuration a table scores."""
         out = [pick(upto(r.rows, n)) for r in self.runs for n in BUDGETS]
         out += [p for by_n in self.confirmed.values() for p in by_n.values()]
-        return [p for p in out if p is not None]
+        return [p for p in [*out, *self.extra] if p is not None]
 
 
 def _med_worst(values: Sequence[float]) -> str:
