@@ -35,6 +35,9 @@ class LoadProgress:
     #: requests in flight that have received a token (with `done`: how many streams are past
     #: their first prefill; search/cut.py waits for every stream)
     streaming: int = 0
+    #: every request started so far: its TTFT, or its wait so far when no token came yet (a
+    #: wait only grows: what is beyond a TTFT limit now stays beyond it); () when not counted
+    first_waits: tuple[float, ...] = ()
     running: float | None = None
     queued: float | None = None
 

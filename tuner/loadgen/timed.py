@@ -282,6 +282,7 @@ class TimedRun:
             planned=len(self.planned),
             output_tokens=self.tokens_done + in_flight,
             streaming=sum(1 for _, st in self.inflight.values() if st.tokens),
+            first_waits=self._first_waits(now) if self.cut is not None else (),
             running=total(s, "sglang:num_running_reqs") if s else None,
             queued=total(s, "sglang:num_queue_reqs") if s else None,
         )
@@ -291,6 +292,14 @@ class TimedRun:
         if why is not None:
             self.cut_reason = why
             self._stop("cut")
+
+    def _first_waits(self, now: float) -> tuple[float, ...]:
+        """Each request's TTFT so far, its wait for one still waiting (metrics' ttft_or_wait)."""
+        ended = (r.ttft_s if r.ttft_s is not None else r.latency_s for r in self.records if r.ok)
+        waiting = (
+            st.ttft if st.ttft is not None else now - st.t0 for _, st in self.inflight.values()
+        )
+        return (*ended, *waiting)
 
     def _silence(self, now: float) -> float:
         """Seconds the server has sent nothing while requests waited on it (0: none waits)."""

@@ -27,6 +27,11 @@ window and MIN_SEEN_S gone, its first token MIN_RATE_S behind it, and half as ma
 as it runs streams (before that, the score is mostly the first wave's prefill: loadgen/window.py).
 A window too short for that (the demo's 6 s) is never cut.
 
+A run is also cut when its p99 TTFT has already missed its limit whatever the rest does: more
+than 1% of the most requests its window can count waited beyond it (a wait only grows). The
+most: those started, those the rest can start at the rate requests ended since the batch
+filled (DRIFT faster), and a whole batch more. That needs no score to beat.
+
 What is cut, and against what (trial/inner.py): a run that cannot beat the larger of the
 study's best score and its server's best point so far. A cut run is recorded as cut: its
 projection steers the inner search (a climb goes on past a cut point that gains), never the
@@ -61,6 +66,8 @@ MIN_RATE_S = 5.0
 MIN_ENDED_PER_STREAM = 0.5
 #: the metric whose window the progress measures
 CUT_METRIC = "window_output_throughput"
+#: a p99 misses its limit once more than this share of the window's requests are beyond it
+P99_SHARE = 0.01
 
 
 @dataclass
@@ -68,9 +75,10 @@ class Cutter:
     """One load run's early stop: `cut(progress)` returns why the run cannot beat `target`
     (then the run stops as cut), else None; `projected` is the latest projection (tok/s)."""
 
-    target: float  # the score to beat (tok/s)
+    target: float | None  # the score to beat (tok/s); None: only the TTFT limit can cut
     window_s: float
     concurrency: int
+    ttft_limit_ms: float | None = None  # objective.slo.p99_ttft_ms
     #: (when, tokens, requests ended, requests streaming) as the batch was first full
     full: tuple[float, int, int, int] | None = None
     widest: int = 0  # the most requests seen streaming at once
@@ -100,12 +108,35 @@ class Cutter:
         if got is None:
             return None
         self.projected, high = got
-        if high * (1 + NOISE) >= self.target:
+        why = self._missed(p)
+        if why is None and self.target is not None and high * (1 + NOISE) < self.target:
+            why = (
+                f"cut at {p.elapsed_s:.0f} of {self.window_s:.0f} s: projected "
+                f"{self.projected:.1f} tok/s, at most {high:.1f}, cannot beat {self.target:.1f}"
+            )
+        if why is not None:
+            self.at_s = p.elapsed_s
+        return why
+
+    def _missed(self, p: LoadProgress) -> str | None:
+        """Why the window's p99 TTFT will miss its limit whatever the rest does: more than 1% of
+        the most requests it can count already waited beyond it (a wait only grows). The most:
+        those started, and those the rest of the window can start at the rate requests ended
+        since the batch filled, DRIFT faster, plus a whole batch."""
+        if not self.ttft_limit_ms or not p.first_waits or self.full is None:
             return None
-        self.at_s = p.elapsed_s
+        since, _, ended, _ = self.full
+        limit = self.ttft_limit_ms / 1000
+        beyond = sum(1 for w in p.first_waits if w > limit)
+        rate = (p.done - ended) / max(p.elapsed_s - since, 1e-9)
+        rest = max(self.window_s - p.elapsed_s, 0.0)
+        most = len(p.first_waits) + rate * (1 + DRIFT) * rest + self.concurrency
+        if beyond <= P99_SHARE * most + 1:
+            return None
         return (
-            f"cut at {p.elapsed_s:.0f} of {self.window_s:.0f} s: projected "
-            f"{self.projected:.1f} tok/s, at most {high:.1f}, cannot beat {self.target:.1f}"
+            f"cut at {p.elapsed_s:.0f} of {self.window_s:.0f} s: {beyond} requests waited beyond "
+            f"the p99 TTFT limit {self.ttft_limit_ms:g} ms, more than 1% of the at most "
+            f"{most:.0f} its window can count: it misses the limit"
         )
 
     def _filled(self, p: LoadProgress) -> bool:
@@ -115,10 +146,16 @@ class Cutter:
 
 
 def cutter(
-    metric: str, window_s: float | None, concurrency: int, target: float | None
+    metric: str,
+    window_s: float | None,
+    concurrency: int,
+    target: float | None,
+    ttft_limit_ms: float | None = None,
 ) -> Cutter | None:
-    """A run's `Cutter`, or None when it cannot be cut: another metric, no window (a run
-    bounded by its request count), or nothing to beat."""
-    if metric != CUT_METRIC or not window_s or not target or target <= 0:
+    """A run's `Cutter`, or None when nothing can cut it: no window (a run bounded by its
+    request count), and neither a score to beat (another metric, or nothing measured yet) nor
+    a p99 TTFT limit."""
+    beat = target if metric == CUT_METRIC and target and target > 0 else None
+    if not window_s or (beat is None and not ttft_limit_ms):
         return None
-    return Cutter(target, float(window_s), max(int(concurrency), 1))
+    return Cutter(beat, float(window_s), max(int(concurrency), 1), ttft_limit_ms)

@@ -344,14 +344,17 @@ def _cutter(
 ) -> Cutter | None:
     """The early stop of the next run on this server (search/cut.py), or None: against the
     larger of the study's best score and this server's best point so far that held its SLOs
-    (a projection, for a cut one: the search steps by it). The first run of the study's first
-    server has nothing to beat and runs in full; a Pareto study runs every window in full
-    (a cut run has no latency to place on the front)."""
+    (a projection, for a cut one: the search steps by it), and the p99 TTFT limit. The first
+    run of the study's first server has no score to beat; a Pareto study runs every window in
+    full (a cut run has no latency to place on the front)."""
     if not cfg.budget.early_stop or cfg.objective.pareto_latency is not None:
         return None
     lead = max((p.value for p in seen if p.feasible), default=0.0)
     target = max(lead, beat or 0.0)
-    return cutter(cfg.objective.metric, cfg.workload.duration_s, concurrency, target)
+    slo = cfg.objective.slo
+    return cutter(
+        cfg.objective.metric, cfg.workload.duration_s, concurrency, target, slo.p99_ttft_ms
+    )
 
 
 def _clear_of_limits(constraints: Mapping[str, float]) -> bool:

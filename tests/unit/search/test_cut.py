@@ -84,3 +84,36 @@ def test_only_a_windowed_throughput_with_something_to_beat_is_cut() -> None:
     assert cutter(CUT_METRIC, None, 32, 900.0) is None  # a run bounded by its request count
     assert cutter(CUT_METRIC, 300, 32, None) is None  # nothing measured yet
     assert cutter(CUT_METRIC, 300, 32, 0.0) is None
+
+
+def _waits(t: float, fast: int, slow: int, limit_s: float) -> LoadProgress:
+    """32 streams 100 s into a 300 s window, past a turnover; `slow` requests beyond the limit."""
+    waits = (0.5,) * fast + (limit_s * 1.5,) * slow
+    return LoadProgress(
+        t,
+        WINDOW,
+        done=len(waits) - 32,
+        planned=10_000,
+        output_tokens=50_000,
+        streaming=32,
+        first_waits=waits,
+    )
+
+
+def test_a_run_whose_p99_ttft_already_missed_is_cut_as_a_miss() -> None:
+    # no score to beat (the study's first server): only the limit can cut
+    rule = cutter("goodput", WINDOW, 32, None, ttft_limit_ms=8000)
+    assert rule is not None and rule.target is None
+    rule.full = (10.0, 1_000, 0, 32)  # its batch filled at 10 s
+    # 200 requests started in 100 s, 168 ended since 10 s: the window counts at most
+    # 200 + 168/90 x 1.25 x 200 + 32 = 699; 1% of that is 7
+    assert rule.cut(_waits(100.0, fast=195, slow=5, limit_s=8.0)) is None
+    why = rule.cut(_waits(100.0, fast=190, slow=10, limit_s=8.0))
+    assert why is not None and "misses the limit" in why and rule.at_s == 100.0
+
+
+def test_a_run_within_its_ttft_limit_is_not_cut_for_it() -> None:
+    rule = cutter(CUT_METRIC, WINDOW, 32, 100.0, ttft_limit_ms=8000)  # and beats the score
+    assert rule is not None
+    rule.full = (10.0, 1_000, 0, 32)
+    assert rule.cut(_waits(100.0, fast=200, slow=0, limit_s=8.0)) is None

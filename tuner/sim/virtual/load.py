@@ -312,11 +312,23 @@ class _Timed:
             planned=self.planned,
             output_tokens=self.tokens_done + sum(got),
             streaming=len(got),
+            first_waits=self._first_waits(now),
         )
         why = self.vr.cut(seen)
         if why is not None:
             self.cut_reason = why
             self._stop("cut")
+
+    def _first_waits(self, now: float) -> tuple[float, ...]:
+        """loadgen's: each request's TTFT so far, its wait for one still waiting."""
+        ended = (r.ttft_s if r.ttft_s is not None else r.latency_s for r in self.records if r.ok)
+        waiting = (
+            f.sched.times[0] + f.offset - f.start
+            if f.sched is not None and f.sched.times
+            else now - f.start
+            for f in self.flights.values()
+        )
+        return (*ended, *waiting)
 
     # --- sending ----------------------------------------------------------------------------
 
