@@ -161,6 +161,7 @@ class Night:
     hours: float  # on the virtual clock, confirmation included (8 unless the trial cap came first)
     wall_s: float
     ratio: float = 0.0  # the pick's robust score over the optimum, once scored
+    capped: bool = False  # the trial cap ended it before the timeout
 
 
 def run_curve(case: str, side: str, seed: int, budget: int) -> Curve:
@@ -210,8 +211,10 @@ def run_night(case: str, side: str, seed: int, budget: int) -> Night:
         restarts = sum(bool(t.user_attrs.get(Attr.LAUNCHED)) for t in trials)
         restarts += sum(len(v) for v in all_confirmations(study).values())
         pick = None if best is None else full_params(best.params, best.user_attrs)
+        capped = len(trials) >= (NIGHT_TRIALS[0] or 4 * budget)
     hours = clocks[0]() / 3600
-    return Night(case, side, seed, pick, spent, restarts, hours, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return Night(case, side, seed, pick, spent, restarts, hours, wall, capped=capped)
 
 
 def _url(tmp: str, cfg: StudyConfig) -> str:
@@ -281,8 +284,11 @@ def row(res: Result) -> str:
             return bs._med_worst([n.ratio for n in ns])
         h = statistics.median(n.gpu_hours for n in ns)
         r = statistics.median(n.restarts for n in ns)
-        lo, hi = min(n.hours for n in ns), max(n.hours for n in ns)  # under 8: the trial cap
-        return f"{h:.1f}, {r:g}" + (f" (ran {lo:.1f}-{hi:.1f} h)" if hi < NIGHT_H - 0.5 else "")
+        # under 8 h: the trial cap came first, or the time kept for confirmation went unspent
+        lo, hi = min(n.hours for n in ns), max(n.hours for n in ns)
+        capped = sum(n.capped for n in ns)
+        note = f"ran {lo:.1f}-{hi:.1f} h" + (f", {capped} at the trial cap" if capped else "")
+        return f"{h:.1f}, {r:g}" + (f" ({note})" if hi < NIGHT_H - 0.5 or capped else "")
 
     b, a = res.reach.get("before"), res.reach.get("after")
     change = ratio(median(a), median(b)) if a and b else "-"
@@ -406,6 +412,7 @@ def _dumped(
                 "gpu_hours": n.gpu_hours,
                 "restarts": n.restarts,
                 "hours": n.hours,
+                "capped": n.capped,
             }
             for n in nights
         },
