@@ -18,12 +18,12 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.client import Client, RequestState, make_record, send_one
-from tuner.loadgen.metrics import RequestRecord, Samples, server_view, total
+from tuner.loadgen.metrics import RequestRecord, Samples, server_view, total, ttft_or_wait_s
 from tuner.loadgen.monitor import LagMonitor, self_check
 from tuner.loadgen.options import MIN_ERRORS, LoadOptions
 from tuner.loadgen.result import Cut, LoadProgress, LoadResult
@@ -44,6 +44,12 @@ def stock(opt: LoadOptions) -> int:
     """Requests not yet sent below which a duration-bound run asks for more: two per slot
     (a rate without a cap: a few hundred, enough for the next refill's wait)."""
     return 2 * (opt.concurrency or 256)
+
+
+def first_waits(records: Iterable[RequestRecord], waiting: Iterable[float]) -> tuple[float, ...]:
+    """`LoadProgress.first_waits`: each ended request's TTFT (its wait, metrics' ttft_or_wait,
+    when none came), then the in-flight ones' `waiting` (a TTFT, or the wait so far)."""
+    return (*(ttft_or_wait_s(r) for r in records if r.ok), *waiting)
 
 
 def ended_early(opt: LoadOptions) -> bool:
@@ -294,12 +300,10 @@ class TimedRun:
             self._stop("cut")
 
     def _first_waits(self, now: float) -> tuple[float, ...]:
-        """Each request's TTFT so far, its wait for one still waiting (metrics' ttft_or_wait)."""
-        ended = (r.ttft_s if r.ttft_s is not None else r.latency_s for r in self.records if r.ok)
         waiting = (
             st.ttft if st.ttft is not None else now - st.t0 for _, st in self.inflight.values()
         )
-        return (*ended, *waiting)
+        return first_waits(self.records, waiting)
 
     def _silence(self, now: float) -> float:
         """Seconds the server has sent nothing while requests waited on it (0: none waits)."""

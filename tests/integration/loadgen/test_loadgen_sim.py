@@ -135,6 +135,7 @@ def test_a_cut_rule_ends_the_run_and_what_it_heard_is_what_was_recorded(sim: Sim
     assert res.stopped == "cut" and res.cut_reason == "cannot beat it"
     assert 2.0 <= res.duration_s < 4.0  # not the 60 s window
     assert heard[-1].streaming > 0 and heard[-1].window_s == 60
+    assert len(heard[-1].first_waits) == heard[-1].done + 16  # 16 streams: every one started
     # tokens only add up after the tick (cut requests keep what they had received)
     assert heard[-1].output_tokens <= sum(r.output_len for r in res.records)
     assert sum(r.cancelled for r in res.records) >= 1

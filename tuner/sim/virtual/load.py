@@ -29,7 +29,7 @@ from tuner.loadgen.metrics import RequestRecord
 from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import MIN_ERRORS, LoadOptions
 from tuner.loadgen.result import Cut, LoadProgress, LoadResult
-from tuner.loadgen.timed import PROGRESS_EVERY_S, Refill, ended_early, stock
+from tuner.loadgen.timed import PROGRESS_EVERY_S, Refill, ended_early, first_waits, stock
 from tuner.loadgen.workload import Request
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, EngineOOM, QueueFull
@@ -320,15 +320,13 @@ class _Timed:
             self._stop("cut")
 
     def _first_waits(self, now: float) -> tuple[float, ...]:
-        """loadgen's: each request's TTFT so far, its wait for one still waiting."""
-        ended = (r.ttft_s if r.ttft_s is not None else r.latency_s for r in self.records if r.ok)
         waiting = (
             f.sched.times[0] + f.offset - f.start
             if f.sched is not None and f.sched.times
             else now - f.start
             for f in self.flights.values()
         )
-        return (*ended, *waiting)
+        return first_waits(self.records, waiting)
 
     # --- sending ----------------------------------------------------------------------------
 

@@ -194,6 +194,8 @@ def test_a_cut_rule_ends_a_virtual_run_as_loadgen_ends_one() -> None:
     assert all(b.elapsed_s - a.elapsed_s >= 0.99 for a, b in itertools.pairwise(heard))
     last = heard[-1]
     assert last.window_s == 20 and last.streaming > 0 and last.done > 0
+    # every request started: a TTFT, or the wait so far (16 in flight, none failed)
+    assert len(last.first_waits) == last.done + 16 and min(last.first_waits) > 0
     # the tokens it was told are what the records hold when it stopped (none came after)
     assert sum(r.output_len for r in result.records) == last.output_tokens
     assert sum(r.cancelled for r in result.records) == last.streaming
