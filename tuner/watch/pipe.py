@@ -51,7 +51,9 @@ class EventPipe:
         self.stream.flush()
 
     def progress(self, event: ProgressEvent) -> None:
-        body = {f.name: getattr(event, f.name) for f in fields(event) if f.name != "trials"}
+        # first_waits: what only a cut rule reads, thousands of numbers a second: not the display's
+        skip = ("trials", "first_waits")
+        body = {f.name: getattr(event, f.name) for f in fields(event) if f.name not in skip}
         if isinstance(event, TrialStarted):
             body["params"] = dict(event.params)
         self._send({"progress": type(event).__name__, **body})
