@@ -118,8 +118,14 @@ def test_ctrl_c_asks_every_worker_to_stop_and_waits_for_them() -> None:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1.0)
 
-    threading.Thread(target=press, daemon=True).start()
-    ends = fleet.run()
+    # Python's own SIGINT handler (KeyboardInterrupt), as the CLI runs with: a test before this
+    # one in the same worker may have left another (CI: every SIGINT went unheard)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=press, daemon=True).start()
+        ends = fleet.run()
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert fleet.interrupted
     assert [e.code for e in ends] == [130, 130]
     assert fleet_exit_code(ends, fleet.interrupted) == 130
