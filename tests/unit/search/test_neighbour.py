@@ -1,5 +1,6 @@
-"""Neighbours of the best at its cliff: one layout flag changed, ranked by evidence, at an mfs
-below the layout's known failures, never twice, at most PER_BEST per best."""
+"""Neighbours of the best at its cliff: one layout flag changed, ranked by evidence (conclusive
+only at the neighbour's mfs or above), at an mfs below the layout's known failures, never
+twice, at most PER_BEST layouts per best."""
 
 from __future__ import annotations
 
@@ -92,9 +93,9 @@ def test_a_value_that_never_served_near_the_best_is_left_to_the_sampler() -> Non
     weak = {"data-parallel-size": 8}
     # every other layout value is ruled out by weak evidence; unseen ones remain
     others = [
-        trial(0.89, Status.OK, 100, **weak),
-        trial(0.89, Status.OK, 100, **{"cuda-graph-max-bs": 256}),
-        trial(0.89, Status.OK, 100, **{"enable-dp-attention": False, "data-parallel-size": None}),
+        trial(0.95, Status.OK, 100, **weak),
+        trial(0.95, Status.OK, 100, **{"cuda-graph-max-bs": 256}),
+        trial(0.95, Status.OK, 100, **{"enable-dp-attention": False, "data-parallel-size": None}),
     ]
     got = next_to(best, *others)
     # the only unseen value: speculation on, its steps from the range's middle (no donor)
@@ -137,9 +138,63 @@ def test_the_mfs_goes_below_a_gpu_failure_of_that_layout_and_tried_layouts_are_s
 def test_at_most_per_best_neighbours_per_best() -> None:
     best = trial(0.95, Status.OK, 900)
     best.number = 3
+    layouts = [{"cuda-graph-max-bs": 256}, {"data-parallel-size": 8}, {"hicache-size": 40}]
     ran = [
-        trial(0.95, Status.OK, 800, attrs={Attr.EDGE_NEIGHBOUR: 3}, **{"cuda-graph-max-bs": 256})
-        for _ in range(PER_BEST)
+        trial(0.95, Status.OK, 800, attrs={Attr.EDGE_NEIGHBOUR: 3}, **layout)
+        for layout in layouts[:PER_BEST]
     ]
     assert next_to(best, *ran) is None
     assert next_to(best, *ran[: PER_BEST - 1]) is not None
+
+
+def test_weak_evidence_from_a_smaller_pool_does_not_rule_a_value_out() -> None:
+    # DP 8 served 0.6 of the best, but at mfs 0.87: at the best's 0.95 its pool is larger
+    best = trial(0.95, Status.OK, 1000)
+    low = trial(0.87, Status.OK, 600, **{"data-parallel-size": 8})
+    ruled_out = [
+        trial(0.95, Status.OK, 100, **{"cuda-graph-max-bs": 256}),
+        trial(0.95, Status.OK, 100, **{"enable-dp-attention": False, "data-parallel-size": None}),
+        trial(
+            0.95,
+            Status.OK,
+            100,
+            **{"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3},
+        ),
+    ]
+    got = next_to(best, low, *ruled_out)
+    assert got == {**BASE, "data-parallel-size": 8, MFS: 0.95}
+    # measured at 0.95 too it is conclusive: left to the sampler
+    high = trial(0.95, Status.OK, 600, **{"data-parallel-size": 8, "hicache-size": 40})
+    assert next_to(best, low, high, *ruled_out) is None
+
+
+def test_promising_then_unseen_then_weak_from_a_smaller_pool() -> None:
+    best = trial(0.95, Status.OK, 1000)
+    dp8_low = trial(0.85, Status.OK, 500, **{"data-parallel-size": 8})
+    graphs = trial(0.89, Status.OK, 900, **{"cuda-graph-max-bs": 256, "hicache-size": 40})
+    spec = {"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3}
+    no_dpa = {"enable-dp-attention": False, "data-parallel-size": None}
+    weak = [trial(0.95, Status.OK, 100, **spec), trial(0.95, Status.OK, 100, **no_dpa)]
+    # graph batch 256 served 0.9 of the best: first
+    assert next_to(best, dp8_low, graphs, *weak) == {**BASE, "cuda-graph-max-bs": 256, MFS: 0.95}
+    # speculation never measured: before DP 8's weak evidence from a smaller pool
+    weak.append(trial(0.95, Status.OK, 100, **{"cuda-graph-max-bs": 256}))
+    assert next_to(best, dp8_low, *weak[1:]) == {
+        **BASE,
+        "speculative-algorithm": "EAGLE3",
+        "speculative-num-steps": 3,
+        MFS: 0.95,
+    }
+    assert next_to(best, dp8_low, *weak) == {**BASE, "data-parallel-size": 8, MFS: 0.95}
+
+
+def test_a_retry_below_a_neighbours_failure_is_the_same_neighbour() -> None:
+    best = trial(0.95, Status.OK, 1000)
+    best.number = 3
+    dp8 = {"data-parallel-size": 8}
+    failed = trial(0.95, Status.DIED, attrs={Attr.EDGE_NEIGHBOUR: 3}, **dp8)
+    retry = trial(0.93, Status.OK, 800, attrs={Attr.EDGE_NEIGHBOUR: 3}, **dp8)
+    # PER_BEST is 2 and one layout ran (twice): a second layout is still proposed
+    assert PER_BEST == 2
+    got = next_to(best, failed, retry)
+    assert got is not None and got.get("data-parallel-size") != 8
