@@ -16,9 +16,9 @@ served less is left to the sampler only when it did so at an mfs at least the ne
 measured only below it, with a smaller pool than the neighbour's would have, it comes last: a
 layout may hold far more at its own cliff (Kimi generation: DP attention 8 with graph batch 256
 serves 0.80 of the best at its cliff, mfs 0.89; with batch 64 at 0.95 it is the optimum). A
-neighbour already tried is not proposed again. At most `PER_BEST` neighbour layouts run per best: each
-is a restart the sampler would otherwise spend (a retry below a layout's failure is the same
-neighbour, not another).
+neighbour already tried is not proposed again. At most `PER_BEST` neighbour layouts run per
+best: each is a restart the sampler would otherwise spend (a retry below a layout's failure is
+the same neighbour, not another).
 
 Pure: trials and the space in, params out.
 """
