@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.capacity import calculus as cap
+from tuner.capacity.dpattention import default_reserve
 from tuner.capacity.speculation import mtp_layers, speculation_of
 from tuner.errors import ModelConfigError
+from tuner.sglang.defaults import default_chunked_prefill_and_graph_bs
 from tuner.sglang.flags import LaunchFlags, effective_flags
 
 #: flags that change the weights per GPU or the KV cell (or, under speculation, the slots
@@ -132,3 +134,18 @@ def cell_bounds(
     if mtp is None or not layers:
         return low, None
     return low, cap.with_draft(low, layers, mtp)
+
+
+def reserve_mib(flags: Mapping[str, Any], gpu_mem_mib: float) -> float:
+    """MiB SGLang 0.5.6.post2's default mfs keeps outside the pool for these flags
+    (`dpattention.default_reserve`, `srt/server_args.py:848-890`): the chunked prefill's
+    activations, the CUDA graphs (per DP group under DP attention), a draft's share; the
+    chunk and graph batch SGLang picks for the GPU where the flags leave them out."""
+    launched = effective_flags(flags)
+    par = parallel_of(launched)
+    chunk, graph_bs = default_chunked_prefill_and_graph_bs(gpu_mem_mib, par.tp)
+    chunk = int(launched.get("chunked-prefill-size") or chunk)
+    graph_bs = int(launched.get("cuda-graph-max-bs") or graph_bs)
+    spec = speculation_of(launched)
+    algorithm = spec.algorithm if spec is not None else None
+    return default_reserve(gpu_mem_mib, par, max(chunk, 0), graph_bs, algorithm)["total"]

@@ -215,6 +215,19 @@ def _pool_at(
     return cap.pool_tokens(mfs, free0, fixed, cell)
 
 
+def pool_moved(
+    flags: Mapping[str, Any], tokens: int, at_mfs: float, to_mfs: float, hw: Hardware
+) -> int | None:
+    """The pool a start with these flags that reported `tokens` at `at_mfs` would report at
+    `to_mfs` on the same GPU: its fixed part calibrated from that start, its cell from the
+    flags (the smaller bound: the pool that grows most with mfs); None when the GPU's memory or
+    the cell is unknown."""
+    cells = cell_bounds(flags, hw.model_config, hw.server, hw.bytes_per_token)
+    if not hw.gpu_mem_mib or cells is None:
+        return None
+    return _pool_at(to_mfs, cells[0], hw, (tokens, at_mfs))
+
+
 def pool_range(flags: Mapping[str, Any], hw: Hardware, know: Knowledge) -> tuple[int, int] | None:
     """(floor, ceiling) of the pool this trial's start reports, whichever cell its SGLang
     divides by (`cell_bounds`); None when unknown. Without a start of its layout the floor is

@@ -44,12 +44,13 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.capacity.precheck import MEMORY_FLAGS, memory_key
+from tuner.capacity.layout import reserve_mib
+from tuner.capacity.precheck import MEMORY_FLAGS, Hardware, memory_key, pool_moved
 from tuner.config.schema import StudyConfig
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
 from tuner.outcome import POOL_ATTR, Attr, Status, is_feasible
 from tuner.search.mode import NAME, sampled_space
-from tuner.search.neighbour import PROMISING, neighbour_probe
+from tuner.search.neighbour import PROMISING, Memory, neighbour_probe
 from tuner.search.space import canonical, distributions
 from tuner.sglang.failures import FailureClass
 from tuner.sglang.flags import full_name
@@ -240,6 +241,7 @@ def edge_probe(
     holds: Holds | None = None,
     sampled: Sequence[str] = (),
     space: Mapping[str, ParamSpec] | None = None,
+    memory: Memory | None = None,
 ) -> Probe | None:
     """The next probe toward mfs's cliff, or None (nothing left to probe).
 
@@ -247,7 +249,7 @@ def edge_probe(
     distribution; `flags_for`: params -> server flags; `holds`: pool -> requests it holds at
     full length (the inner search's; None: the pool is taken to bind); `sampled`: the
     server params the sampler proposes (none: no pin); `space`: the sampled space (None: no
-    neighbours)."""
+    neighbours); `memory`: what the GPU's memory says of neighbours (`neighbour.Memory`)."""
     best = _best(trials)
     grid = ladder(dist)
     if best is None or not grid or _pool_idle(best, trials, holds):
@@ -266,7 +268,7 @@ def edge_probe(
         _lift(best, trials, flags_for)
         or _pin(best, trials, sampled)
         or _other_cliffs(best, trials, grid, flags_for, holds)
-        or _next_to(best, trials, grid, flags_for, space)
+        or _next_to(best, trials, grid, flags_for, space, memory)
     )
 
 
@@ -303,12 +305,29 @@ def _next_to(
     grid: list[float],
     flags_for: Callable[[Flags], Flags],
     space: Mapping[str, ParamSpec] | None,
+    memory: Memory | None = None,
 ) -> Probe | None:
     """At the cliff, lifted and pinned: a neighbour layout (search/neighbour.py)."""
     if not space:
         return None
-    params = neighbour_probe(best, trials, _measured(trials), space, grid, flags_for, _fails_on_gpu)
+    measured = _measured(trials)
+    params = neighbour_probe(best, trials, measured, space, grid, flags_for, _fails_on_gpu, memory)
     return Probe(params, best.number, neighbour=True) if params is not None else None
+
+
+def _memory(hw: Hardware, flags_for: Callable[[Flags], Flags]) -> Memory | None:
+    """The neighbours' `Memory` on this hardware; None without the GPU's memory."""
+    gpu = hw.gpu_mem_mib
+    if not gpu:
+        return None
+
+    def pool_at(params: Flags, tokens: int, at: float, to: float) -> int | None:
+        return pool_moved(flags_for({**params, MFS: at}), tokens, at, to, hw)
+
+    def spare(best: Flags, params: Flags) -> float:
+        return (reserve_mib(flags_for(best), gpu) - reserve_mib(flags_for(params), gpu)) / gpu
+
+    return Memory(pool_at, spare)
 
 
 class ProbeEdge:
@@ -323,9 +342,11 @@ class ProbeEdge:
         holds: Holds | None = None,
         sampled: Sequence[str] = (),
         space: Mapping[str, ParamSpec] | None = None,
+        memory: Memory | None = None,
     ):
         self.dist, self.flags_for, self.n_trials = dist, flags_for, n_trials
         self.holds, self.sampled, self.space = holds, tuple(sampled), space
+        self.memory = memory
 
     @classmethod
     def of(
@@ -334,14 +355,17 @@ class ProbeEdge:
         flags_for: Callable[[Flags], Flags],
         n_trials: int | None = None,
         holds: Holds | None = None,
+        hardware: Hardware | None = None,
     ) -> ProbeEdge:
         """The study's probe: on mfs as the sampler proposes it; none when mfs is not searched
         or `sampler.mfs_edge` is off; `holds`: what a pool holds (the study's inner search's
-        `InnerSearch.holds`; None without one)."""
+        `InnerSearch.holds`; None without one); `hardware`: the pre-check's (the neighbours'
+        `Memory`; None, or no GPU memory in it: none)."""
         space = sampled_space(cfg)
         dist = distributions(space).get(MFS) if cfg.sampler.mfs_edge else None
         server = [k for k in space if k not in CLIENT_PARAMS]
-        return cls(dist, flags_for, n_trials, holds, server, space)
+        memory = _memory(hardware, flags_for) if hardware is not None else None
+        return cls(dist, flags_for, n_trials, holds, server, space, memory)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if self.dist is None or trial.state != TrialState.COMPLETE:
@@ -353,7 +377,9 @@ class ProbeEdge:
         if any(t.state == TrialState.WAITING for t in trials):
             return
         live = [t for t in trials if t.state != TrialState.FAIL]
-        probe = edge_probe(live, self.dist, self.flags_for, self.holds, self.sampled, self.space)
+        probe = edge_probe(
+            live, self.dist, self.flags_for, self.holds, self.sampled, self.space, self.memory
+        )
         if probe is None:
             return
         if probe.pin:

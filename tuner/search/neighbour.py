@@ -10,15 +10,28 @@ pin (search/edge.py), a *neighbour* runs: the best's params with one layout flag
 the best's mfs (or just below the lowest mfs where that layout already failed on the GPU). If it
 measures more it becomes the best and the edge probe climbs its own cliff from there.
 
-Neighbours are ranked by evidence: a value that some measured trial served within `PROMISING`
-of the best with comes first, then values never measured, in the space's order. A value that
-served less is left to the sampler only when it did so at an mfs at least the neighbour's;
-measured only below it, with a smaller pool than the neighbour's would have, it comes last: a
-layout may hold far more at its own cliff (Kimi generation: DP attention 8 with graph batch 256
-serves 0.80 of the best at its cliff, mfs 0.89; with batch 64 at 0.95 it is the optimum). A
-neighbour already tried is not proposed again. At most `PER_BEST` neighbour layouts run per
-best: each is a restart the sampler would otherwise spend (a retry below a layout's failure is
-the same neighbour, not another).
+A neighbour starts at the best's mfs, or one grid step higher when SGLang's reserve for its
+layout (`capacity.layout.reserve_mib`: CUDA graphs per DP group, chunked prefill, a draft) is
+smaller than the best's by at least that step: the best's layout fits at its mfs, this one
+needs that much less besides the pool (Kimi generation: graph batch 64 instead of 256 under DP
+attention 4 starts at 0.93 where batch 256 died, a climb's restart saved). Then below any mfs
+where its own layout failed on the GPU.
+
+Neighbours are ranked by evidence, best first:
+1. values that some measured trial served within `PROMISING` of the best with, by score;
+2. values measured only at a lower mfs whose score (at the highest mfs measured: the tightest
+   bound), grown in step with the pool their layout would have at the neighbour's mfs
+   (`capacity.precheck.pool_moved`: an upper bound, since more pool admits more requests, none
+   faster), reaches `PROMISING` of the best, by that bound
+   (Kimi generation: DP attention 8 served 0.74 of the best with graph batch 256 at mfs 0.89,
+   a pool of 44 k tokens a rank; at 0.95 its pool is 3x that, and it is the optimum);
+3. values never measured: those that start above the best's mfs (a larger pool at once, where
+   the pool binds) first, then in the space's order;
+4. values that served less, only at a lower mfs, and do not reach it even grown: last, not never.
+A value that served less at the neighbour's mfs or above is left to the sampler. A neighbour
+already tried is not proposed again. At most `PER_BEST` neighbour layouts run per best: each
+is a restart the sampler would otherwise spend (a retry below a layout's failure is the same
+neighbour, not another).
 
 Pure: trials and the space in, params out.
 """
@@ -27,13 +40,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.capacity.precheck import MEMORY_FLAGS, memory_key
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
-from tuner.outcome import Attr, is_feasible
+from tuner.outcome import POOL_ATTR, Attr, is_feasible
 from tuner.search.space import canonical, condition_holds, ordered
 from tuner.sglang.flags import full_name
 
@@ -44,6 +57,18 @@ PROMISING = 0.85
 PER_BEST = 2
 
 Flags = Mapping[str, Any]
+
+
+class Memory(NamedTuple):
+    """What the GPU's memory says of neighbours (`edge.ProbeEdge.of` builds it from the
+    pre-check's hardware; without one, neither is known)."""
+
+    #: (a measured trial's params, the pool its start reported, its mfs, another mfs) -> the
+    #: pool that layout would report there, or None (`capacity.precheck.pool_moved`)
+    pool_at: Callable[[Flags, int, float, float], int | None]
+    #: (the best's params, a neighbour's) -> the share of the GPU SGLang's reserve keeps outside
+    #: the pool for the best's layout beyond the neighbour's (`capacity.layout.reserve_mib`)
+    spare: Callable[[Flags, Flags], float]
 
 
 def layout_params(space: Mapping[str, ParamSpec]) -> list[str]:
@@ -100,12 +125,14 @@ def neighbour_probe(
     grid: Sequence[float],
     flags_for: Callable[[Flags], Flags],
     fails_on_gpu: Callable[[FrozenTrial], bool],
+    memory: Memory | None = None,
 ) -> dict[str, Any] | None:
     """The next neighbour of `best` (at its cliff) to run, or None.
 
     `trials`: the study's (queued or running ones count as tried); `measured`: completed
     feasible ones, best first; `grid`: mfs's ladder; `fails_on_gpu`: a trial that failed for
-    the GPU's memory at its mfs."""
+    the GPU's memory at its mfs; `memory`: pools along mfs and reserves by layout (None: weak
+    evidence is not projected and a neighbour starts at the best's mfs)."""
     if best.values is None or not grid:
         return None
     ran = {
@@ -127,7 +154,8 @@ def neighbour_probe(
             if value == best.params[name]:
                 continue
             params = _with(best.params, name, value, space, measured)
-            mfs = _below_failures(params, float(m_b), trials, grid, flags_for, fails_on_gpu)
+            start = _start(best.params, params, float(m_b), grid, memory)
+            mfs = _below_failures(params, start, trials, grid, flags_for, fails_on_gpu)
             if mfs is None:
                 continue
             params[MFS] = mfs
@@ -135,16 +163,60 @@ def neighbour_probe(
                 continue
             with_value = [t for t in measured if t.params.get(name) == value]
             evidence = max((t.values[0] for t in with_value), default=None)
-            if evidence is None:
-                scored.append((1, -math.inf, -i, params))  # unseen: after the promising
+            if evidence is None:  # unseen: after any evidence; one with a larger pool first
+                scored.append((1, float(mfs > m_b + 1e-9), -i, params))
             elif evidence >= PROMISING * best.values[0]:
-                scored.append((2, evidence, -i, params))
+                scored.append((3, evidence, -i, params))
             elif all(_mfs_of(t) < mfs - 1e-9 for t in with_value):
-                # weak, but only with a smaller pool than the neighbour's: last, not never
-                scored.append((0, evidence, -i, params))
+                # weak, but only with a smaller pool than the neighbour's: grown to its pool,
+                # within reach of the best before the unseen, else last (not never)
+                grown = _grown(with_value, mfs, memory)
+                if grown is not None and grown >= PROMISING * best.values[0]:
+                    scored.append((2, grown, -i, params))
+                else:
+                    scored.append((0, evidence, -i, params))
     if not scored:
         return None
     return max(scored, key=lambda s: s[:3])[3]
+
+
+def _grown(trials: Sequence[FrozenTrial], mfs: float, memory: Memory | None) -> float | None:
+    """The most these trials' value could serve at `mfs` if its throughput grew in step with
+    its pool (an upper bound: more pool admits more requests, none faster), from those measured
+    at the highest mfs (the tightest bound: the least growth); None when no pool projects."""
+    if memory is None:
+        return None
+    pooled = [t for t in trials if _pool_of(t) and t.values is not None]
+    if not pooled:
+        return None
+    top = max(_mfs_of(t) for t in pooled)
+    out: list[float] = []
+    for t in pooled:
+        pool, m = _pool_of(t), _mfs_of(t)
+        if m < top - 1e-9:
+            continue
+        moved = memory.pool_at(t.params, pool, m, mfs)
+        if moved is not None and moved > 0:
+            out.append(t.values[0] * max(1.0, moved / pool))
+    return max(out, default=None)
+
+
+def _pool_of(t: FrozenTrial) -> int:
+    """The pool its start reported (0: none)."""
+    v = t.user_attrs.get(POOL_ATTR)
+    return int(v) if isinstance(v, int | float) and v > 0 else 0
+
+
+def _start(
+    best: Flags, params: Flags, m_b: float, grid: Sequence[float], memory: Memory | None
+) -> float:
+    """Where a neighbour starts: the best's mfs, or the next grid point up for a layout SGLang
+    reserves at least that much less memory outside the pool for (the best's layout fits at its
+    mfs; this one needs that much less besides the pool). One step at most: the reserve is
+    SGLang's estimate, not a measurement, and a start that fails costs a restart."""
+    room = memory.spare(best, params) if memory is not None else 0.0
+    up = [m for m in grid if m > m_b + 1e-9]
+    return up[0] if up and up[0] <= m_b + room + 1e-9 else m_b
 
 
 def _mfs_of(t: FrozenTrial) -> float:

@@ -205,7 +205,7 @@ class Tuning:
             MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,)),
             RetryInfraFailures(b.infra_retries),
             ProbeConcurrency(self.cfg.space.get("concurrency"), b, n_trials),
-            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials, holds),
+            ProbeEdge.of(self.cfg, self.runner.flags_for, n_trials, holds, self.runner.hardware),
         ]
         if self.on_trial:
             callbacks.append(Progress(self.on_trial))

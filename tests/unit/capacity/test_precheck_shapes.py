@@ -10,9 +10,9 @@ import pytest
 
 from tests.helpers.studies import study_dict
 from tuner.capacity import calculus as cap
-from tuner.capacity.layout import cell_bounds, launch_problem
+from tuner.capacity.layout import cell_bounds, launch_problem, reserve_mib
 from tuner.capacity.models import hardware_of, load_model_config
-from tuner.capacity.precheck import Hardware, Knowledge, pool_range, precheck
+from tuner.capacity.precheck import Hardware, Knowledge, pool_moved, pool_range, precheck
 from tuner.config.load import parse_study
 from tuner.errors import ConfigError
 
@@ -179,3 +179,41 @@ def test_a_fixed_layout_sglang_refuses_refuses_the_study_file() -> None:
     study({"tp": 8, "dp": 8, "enable-dp-attention": True})
     study({"tp": 8, "enable-dp-attention": True}, {"dp": {"choices": [3, 4, 8]}})
     study({"speculative-algorithm": "EAGLE3"}, {"speculative-num-steps": {"low": 1, "high": 4}})
+
+
+def test_a_start_moved_along_mfs_grows_by_the_gpu_over_the_cell() -> None:
+    """`pool_moved`: fixed = mfs x free - tokens x cell from the start (calculus.py), then
+    floor((mfs' x free - fixed) / cell): Kimi DP attention 8 at 0.89 (43,675 tokens) at 0.95."""
+    free = 97_887 * cap.MIB
+    dp = {**DP8, "mem-fraction-static": 0.89}
+    got = pool_moved(dp, 43_675, 0.89, 0.95, hw())
+    fixed = cap.calibrate_fixed_bytes(43_675, 0.89, free, 70_272)
+    assert got == cap.pool_tokens(0.95, free, fixed, 70_272)
+    assert 43_675 + 87_000 < got < 43_675 + 88_000  # 0.06 x 95.6 GiB / 70,272 B
+    assert pool_moved(dp, 43_675, 0.89, 0.89, hw()) == 43_675
+    # GQA under attention TP 2: the cell is 4x the plain TP 8 one, the growth a quarter
+    llama = hw(LLAMA70, bytes_per_token=40_960)
+    dp4 = {**PLAIN, "data-parallel-size": 4, "enable-dp-attention": True}
+    grown = pool_moved(dp4, 10_000, 0.85, 0.95, llama) - 10_000
+    plain = pool_moved(PLAIN, 10_000, 0.85, 0.95, llama) - 10_000
+    assert abs(plain / grown - 4) < 0.01
+    # no GPU memory: nothing projects
+    assert pool_moved(dp, 43_675, 0.89, 0.95, hw(gpu_mem_mib=None)) is None
+
+
+def test_sglangs_reserve_by_layout_flags() -> None:
+    """`reserve_mib`: 0.5.6.post2's default-mfs reserve (server_args.py:848-890) for a trial's
+    flags: graphs cost 2 MiB per batch, under DP attention 3 more per batch and group; a draft
+    2,048 MiB; the chunk and graph batch default by GPU where the flags leave them out."""
+    g256 = reserve_mib({**PLAIN, "cuda-graph-max-bs": 256}, 97_887)
+    g64 = reserve_mib({**PLAIN, "cuda-graph-max-bs": 64}, 97_887)
+    assert g256 - g64 == 192 * 2
+    dp4 = {**PLAIN, "data-parallel-size": 4, "enable-dp-attention": True}
+    dp4_256 = reserve_mib({**dp4, "cuda-graph-max-bs": 256}, 97_887)
+    assert dp4_256 - reserve_mib({**dp4, "cuda-graph-max-bs": 64}, 97_887) == 192 * (2 + 3 * 4)
+    assert reserve_mib({**DP8, "cuda-graph-max-bs": 256}, 97_887) - dp4_256 == 256 * 3 * 4
+    spec = reserve_mib({**PLAIN, **EAGLE, "cuda-graph-max-bs": 256}, 97_887)
+    assert spec - g256 == 2_048
+    # SGLang's own picks for this GPU (8,192 and 512) where the flags are silent
+    silent = reserve_mib(PLAIN, 97_887)
+    assert silent == 512 + 8_192 * 1.5 + 512 * 2 + 1_024

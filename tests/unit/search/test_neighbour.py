@@ -10,9 +10,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, create_trial
 
 from tuner.config.space import ParamSpec
-from tuner.outcome import Attr, Status
+from tuner.outcome import POOL_ATTR, Attr, Status
 from tuner.search.edge import MFS, ladder
-from tuner.search.neighbour import PER_BEST, layout_params, neighbour_probe
+from tuner.search.neighbour import PER_BEST, Memory, layout_params, neighbour_probe
 
 DIST = FloatDistribution(0.85, 0.95, step=0.02)
 GRID = ladder(DIST)
@@ -198,3 +198,80 @@ def test_a_retry_below_a_neighbours_failure_is_the_same_neighbour() -> None:
     assert PER_BEST == 2
     got = next_to(best, failed, retry)
     assert got is not None and got.get("data-parallel-size") != 8
+
+
+#: pools grow 10,000 tokens per 0.01 of mfs; no layout reserves less than another
+LINEAR = Memory(
+    pool_at=lambda params, tokens, at, to: tokens + round((to - at) * 1_000_000),
+    spare=lambda best, params: 0.0,
+)
+
+
+def pooled(mfs: float, value: float, pool: int, **over: Any) -> FrozenTrial:
+    return trial(mfs, Status.OK, value, {POOL_ATTR: pool}, **over)
+
+
+def near(best: FrozenTrial, *others: FrozenTrial, memory: Memory | None = LINEAR) -> Any:
+    trials = [best, *others]
+    ms = measured(trials)
+    return neighbour_probe(best, trials, ms, SPACE, GRID, flags_for, fails_on_gpu, memory)
+
+
+def test_weak_evidence_grown_to_the_neighbours_pool_comes_before_the_unseen() -> None:
+    """DP 8 served 0.5 of the best at 0.87 with 40,000 tokens; at 0.95 its pool is 3x that:
+    within reach of the best, so it runs before speculation, never measured."""
+    best = pooled(0.95, 1000, 200_000)
+    dp8 = pooled(0.87, 500, 40_000, **{"data-parallel-size": 8})
+    graphs = trial(0.95, Status.OK, 100, **{"cuda-graph-max-bs": 256})
+    no_dpa = trial(
+        0.95, Status.OK, 100, **{"enable-dp-attention": False, "data-parallel-size": None}
+    )
+    dp8_first = {**BASE, "data-parallel-size": 8, MFS: 0.95}
+    assert near(best, dp8, graphs, no_dpa) == dp8_first
+    # without the GPU's memory, or with a pool that barely grows, it is last (unseen first)
+    spec = {**BASE, "speculative-algorithm": "EAGLE3", "speculative-num-steps": 3, MFS: 0.95}
+    assert near(best, dp8, graphs, no_dpa, memory=None) == spec
+    big = pooled(0.87, 500, 400_000, **{"data-parallel-size": 8})
+    assert near(best, big, graphs, no_dpa) == spec
+
+
+def test_the_bound_comes_from_the_value_at_its_highest_mfs() -> None:
+    """Throughput grows slower than the pool: the trial nearest the neighbour's mfs bounds it
+    most tightly. No DP attention at 0.85 (50,000 tokens) would grow to 1.0x the best at 0.95;
+    at 0.93 (130,000 tokens) it grows to 0.58x: not within reach, last."""
+    best = pooled(0.95, 1000, 200_000)
+    no_dpa = {"enable-dp-attention": False, "data-parallel-size": None}
+    low = pooled(0.85, 450, 50_000, **no_dpa)
+    high = pooled(0.93, 500, 130_000, **no_dpa)
+    graphs = trial(0.95, Status.OK, 100, **{"cuda-graph-max-bs": 256})
+    spec = {"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3}
+    dp8 = trial(0.95, Status.OK, 100, **{"data-parallel-size": 8})
+    ruled_out = (graphs, dp8)
+    # from 0.85 alone it is within reach: before speculation, never measured
+    alone = near(best, low, *ruled_out)
+    no_dp = {k: v for k, v in BASE.items() if k != "data-parallel-size"}
+    assert alone == {**no_dp, "enable-dp-attention": False, MFS: 0.95}
+    # measured at 0.93 too, the bound from there is 0.58x: speculation (unseen) first
+    got = near(best, low, high, *ruled_out)
+    assert got == {**BASE, **spec, MFS: 0.95}
+
+
+def test_a_layout_reserving_a_step_less_starts_one_step_up_and_first() -> None:
+    """Best: DP 4, graph batch 256 at 0.91, dead at 0.93. Graph batch 64 reserves 0.03 of the
+    GPU less: it starts at 0.93 (one step, never two) and before DP 8, earlier in the space."""
+    best = pooled(0.91, 1000, 150_000, **{"cuda-graph-max-bs": 256})
+    dead = trial(0.93, Status.DIED, **{"cuda-graph-max-bs": 256})
+
+    def memory(room: float) -> Memory:
+        def spare(b: Any, params: Any) -> float:
+            return room if params["cuda-graph-max-bs"] < b["cuda-graph-max-bs"] else 0.0
+
+        return Memory(LINEAR.pool_at, spare)
+
+    plain = {"enable-dp-attention": False, "data-parallel-size": None, "cuda-graph-max-bs": 256}
+    no_dpa = trial(0.93, Status.OK, 100, **plain)  # conclusive: left to the sampler
+    assert near(best, dead, no_dpa, memory=memory(0.03)) == {**BASE, MFS: 0.93}
+    assert near(best, dead, no_dpa, memory=memory(0.10)) == {**BASE, MFS: 0.93}
+    # less than a step: the best's mfs, and the space's order (DP 8 first)
+    got = near(best, dead, no_dpa, memory=memory(0.01))
+    assert got == {**BASE, "cuda-graph-max-bs": 256, "data-parallel-size": 8, MFS: 0.91}
