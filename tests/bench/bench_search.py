@@ -140,6 +140,28 @@ def generation() -> dict[str, Any]:
     return d
 
 
+def deepseek() -> dict[str, Any]:
+    """The generation study's levers on DeepSeek-V3 TP8, 8 x H200, its own MTP head as the draft
+    (NEXTN, which SGLang runs as EAGLE): a model, GPU and draft the search's rules were not
+    written against (tuner/sim/profiles/deepseek-v3-tp8.yaml: every figure an estimate)."""
+    d = generation()
+    d["study"] = "deepseek-generation-virtual"
+    d["target"]["launch"] = [*SIM, "deepseek-v3-tp8"]
+    d["server"] = {
+        "model-path": "deepseek-ai/DeepSeek-V3",
+        "tensor-parallel-size": 8,
+        "trust-remote-code": True,
+        "enable-metrics": True,
+        "max-running-requests": 1024,
+    }
+    space = d["space"]
+    space["speculative-algorithm"] = {"choices": ["none", "EAGLE"]}
+    for k in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
+        space[k]["when"]["speculative-algorithm"] = "EAGLE"
+    d["hardware"] = {"model_config": "deepseek-v3", "gpu_mem_mib": 143771, "host_ram_gb": 2048}
+    return d
+
+
 def seventy() -> dict[str, Any]:
     """Llama-3.1-70B TP4 on 4 x H100, multi-turn chat: mfs x chunked-prefill-size x concurrency.
     No test uses its profile (tuner/sim/profiles/llama-3.1-70b-h100-tp4.yaml)."""
@@ -195,6 +217,9 @@ CASES = {
     "seventy": Case("Llama-70B TP4 chat (mfs x chunk x conc)", seventy, 14),
     "generation": Case(
         "Kimi-K2.5 TP8 generation (mfs x hicache x DP attn x EAGLE-3 x conc)", generation, 7
+    ),
+    "deepseek": Case(
+        "DeepSeek-V3 TP8 H200 generation (mfs x hicache x DP attn x MTP x conc)", deepseek, 7
     ),
 }
 

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tests.helpers.paths import REPO
 from tuner.api import tune
+from tuner.capacity.precheck import Hardware
 from tuner.config.load import parse_study
 from tuner.outcome import POOL_ATTR, Attr, Status
 from tuner.search.edge import MFS, ProbeEdge, edge_probe, ladder
@@ -294,3 +295,19 @@ def test_a_virtual_study_draws_hicache_at_the_cliff_it_found(tmp_path: Path) -> 
     best = trials[cliff.user_attrs[Attr.EDGE_PIN]]
     assert cliff.params[MFS] == best.params[MFS]  # pinned at the best's mfs, the cliff
     assert cliff.params["hicache-size"] != best.params["hicache-size"]  # drawn by the sampler
+
+
+def test_the_studys_hardware_gives_the_neighbours_their_memory() -> None:
+    """`ProbeEdge.of` with the pre-check's hardware: pools move along mfs by the GPU over the
+    cell, and the reserve SGLang keeps for a graph batch of 256 instead of 64 is 384 MiB more
+    (2 MiB a batch, server_args.py:848-890); without the GPU's memory, neither is known."""
+    cfg = parse_study(_kimi_file())
+    hw = Hardware(bytes_per_token=70_272, gpu_mem_mib=97_887)
+    edge = ProbeEdge.of(cfg, lambda p: {**cfg.server, **p}, hardware=hw)
+    assert edge.memory is not None
+    grown = edge.memory.pool_at({}, 100_000, 0.85, 0.87)
+    assert grown == 100_000 + int(0.02 * 97_887 * 2**20 / 70_272)
+    spare = edge.memory.spare({"cuda-graph-max-bs": 256}, {"cuda-graph-max-bs": 64})
+    assert spare == pytest.approx(384 / 97_887)
+    assert ProbeEdge.of(cfg, lambda p: p, hardware=Hardware()).memory is None
+    assert ProbeEdge.of(cfg, lambda p: p).memory is None
