@@ -48,9 +48,9 @@ from tuner.capacity.layout import reserve_mib
 from tuner.capacity.precheck import MEMORY_FLAGS, Hardware, memory_key, pool_moved
 from tuner.config.schema import StudyConfig
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
-from tuner.outcome import POOL_ATTR, Attr, Status, is_feasible
+from tuner.outcome import Attr, Status, is_feasible
 from tuner.search.mode import NAME, sampled_space
-from tuner.search.neighbour import PROMISING, Memory, neighbour_probe
+from tuner.search.neighbour import PROMISING, Memory, neighbour_probe, pool_of
 from tuner.search.space import canonical, distributions
 from tuner.sglang.failures import FailureClass
 from tuner.sglang.flags import full_name
@@ -150,11 +150,6 @@ def _bisect(m_b: float, hi: float, grid: list[float]) -> float | None:
     return min(inside, key=lambda m: (abs(m - mid), m))
 
 
-def _pool(t: FrozenTrial) -> float | None:
-    v = t.user_attrs.get(POOL_ATTR)
-    return float(v) if isinstance(v, int | float) and v > 0 else None
-
-
 def _chosen(t: FrozenTrial) -> int | None:
     c = (t.user_attrs.get(Attr.CLIENT) or {}).get(NAME)
     return int(c) if isinstance(c, int | float) else None
@@ -165,12 +160,12 @@ def _pool_idle(best: FrozenTrial, trials: Sequence[FrozenTrial], holds: Holds | 
     concurrency its search chose, not clear of the SLOs) at a concurrency that its pool and the
     best's both hold at full length: the limit is not the pool's, the best runs below it, and
     more pool buys nothing there."""
-    pool_b, chosen_b = _pool(best), _chosen(best)
+    pool_b, chosen_b = pool_of(best), _chosen(best)
     if holds is None or pool_b is None or chosen_b is None:
         return False
     measured, others = (Status.OK, Status.SLO_MISSED), _others(best.params)
     for t in _measured(trials):
-        pool, chosen = _pool(t), _chosen(t)
+        pool, chosen = pool_of(t), _chosen(t)
         if pool is None or chosen is None or _others(t.params) != others:
             continue
         held = min(holds(int(pool)), holds(int(pool_b)))
@@ -198,14 +193,14 @@ def _lift(
     """With the best at its memory flags' cliff (`_at_cliff`, checked by the caller): another server with the same memory flags but other flags (a
     hicache-size, a scheduler knob) that served more per token of its pool than the best did,
     at a lower mfs, is run at the best's mfs: the cliff is the GPU's, theirs too."""
-    m_b, pool_b = _mfs(best), _pool(best)
+    m_b, pool_b = _mfs(best), pool_of(best)
     assert m_b is not None
     if pool_b is None:
         return None
     key, others = memory_key(flags_for(best.params)), _others(best.params)
     tried = {canonical(t.params) for t in trials}
     for t in _measured(trials):
-        m, pool = _mfs(t), _pool(t)
+        m, pool = _mfs(t), pool_of(t)
         if m is None or pool is None or m >= m_b - 1e-9 or _others(t.params) == others:
             continue
         if t.values[0] / pool < best.values[0] / pool_b:

@@ -186,13 +186,13 @@ def _grown(trials: Sequence[FrozenTrial], mfs: float, memory: Memory | None) -> 
     at the highest mfs (the tightest bound: the least growth); None when no pool projects."""
     if memory is None:
         return None
-    pooled = [t for t in trials if _pool_of(t) and t.values is not None]
+    pooled = [t for t in trials if pool_of(t) and t.values is not None]
     if not pooled:
         return None
     top = max(_mfs_of(t) for t in pooled)
     out: list[float] = []
     for t in pooled:
-        pool, m = _pool_of(t), _mfs_of(t)
+        pool, m = int(pool_of(t) or 0), _mfs_of(t)
         if m < top - 1e-9:
             continue
         moved = memory.pool_at(t.params, pool, m, mfs)
@@ -201,10 +201,10 @@ def _grown(trials: Sequence[FrozenTrial], mfs: float, memory: Memory | None) -> 
     return max(out, default=None)
 
 
-def _pool_of(t: FrozenTrial) -> int:
-    """The pool its start reported (0: none)."""
+def pool_of(t: FrozenTrial) -> float | None:
+    """The KV pool (tokens) its server reported, or None."""
     v = t.user_attrs.get(POOL_ATTR)
-    return int(v) if isinstance(v, int | float) and v > 0 else 0
+    return float(v) if isinstance(v, int | float) and v > 0 else None
 
 
 def _start(
