@@ -26,7 +26,7 @@ from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import LoadOptions
 from tuner.loadgen.result import Cut, LoadProgress, LoadResult
 from tuner.loadgen.timed import Refill, TimedRun
-from tuner.loadgen.workload import Request
+from tuner.loadgen.workload import Request, warmup_requests
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -155,8 +155,9 @@ def unanswered(silent_s: float) -> LoadResult:
 async def _warmup(
     client: Client, requests: Sequence[Request], n: int, concurrency: int, bounds: Bounds
 ) -> None:
-    """Send `n` untimed requests within `bounds.warmup_s`; a server that cannot be reached or
-    refuses us is fatal here, one that is merely slow gets the rest of the run to show it."""
+    """Send `n` untimed requests (short answers: `warmup_requests`) within `bounds.warmup_s`; a
+    server that cannot be reached or refuses us is fatal here, one that is merely slow gets the
+    rest of the run to show it."""
     sem = asyncio.Semaphore(concurrency)
     end = time.perf_counter() + bounds.warmup_s
 
@@ -165,7 +166,7 @@ async def _warmup(
             left = max(0.1, end - time.perf_counter())
             return await send_one(client, req, 0.0, RequestState(), left)
 
-    recs = await asyncio.gather(*(go(requests[i % len(requests)]) for i in range(n)))
+    recs = await asyncio.gather(*(go(r) for r in warmup_requests(requests, n)))
     errors = [r.error or "" for r in recs if not r.ok]
     if len(errors) < len(recs):
         return

@@ -127,6 +127,24 @@ def more_requests(w: WorkloadSection, start: int, n: int) -> list[Request]:
     ]
 
 
+#: a warm-up request's answer is cut to this many tokens, as bench_serving's is (`output_len=
+#: min(output_len, 32)`: sglang/benchmark/serving.py:1481 in 0.5.23, bench_serving.py:1995 in
+#: 0.5.6.post2). The full prompt still runs its prefill; a long answer warms nothing more and
+#: cost 14 s a load run on a 1,024-token workload.
+WARMUP_MAX_TOKENS = 32
+
+
+def warmup_requests(requests: Sequence[Request], n: int) -> list[Request]:
+    """The `n` untimed requests a load run warms the server with: the list's first (cycled),
+    answers capped at WARMUP_MAX_TOKENS."""
+    if not requests:
+        return []
+    return [
+        replace(r, output_len=min(r.output_len, WARMUP_MAX_TOKENS))
+        for r in (requests[i % len(requests)] for i in range(n))
+    ]
+
+
 def list_size(w: WorkloadSection, num_requests: int) -> int:
     """How many requests `requests_for(w, num_requests=...)` builds for a synthetic kind (a
     dataset's count is its records', at most the count)."""

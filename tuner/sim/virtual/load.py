@@ -30,7 +30,7 @@ from tuner.loadgen.monitor import SKIPPED
 from tuner.loadgen.options import MIN_ERRORS, LoadOptions
 from tuner.loadgen.result import Cut, LoadProgress, LoadResult
 from tuner.loadgen.timed import PROGRESS_EVERY_S, Refill, ended_early, first_waits, stock
-from tuner.loadgen.workload import Request
+from tuner.loadgen.workload import Request, warmup_requests
 from tuner.sim import tokens
 from tuner.sim.engine import Engine, EngineOOM, QueueFull
 from tuner.sim.engine.schedreq import SchedReq
@@ -161,9 +161,9 @@ class VirtualRun:
         return result
 
     def _warmup(self) -> None:
-        """`warmup_requests` untimed requests behind the concurrency limit (errors ignored)."""
-        n, reqs = self.opt.warmup_requests, self.requests
-        todo = deque(reqs[i % len(reqs)] for i in range(n))
+        """`warmup_requests` untimed requests behind the concurrency limit, answers capped as
+        loadgen caps them (errors ignored)."""
+        todo = deque(warmup_requests(self.requests, self.opt.warmup_requests))
         inflight = 0
         try:
             while todo or inflight:
