@@ -104,12 +104,29 @@ def test_a_run_whose_p99_ttft_already_missed_is_cut_as_a_miss() -> None:
     # no score to beat (the study's first server): only the limit can cut
     rule = cutter("goodput", WINDOW, 32, None, ttft_limit_ms=8000)
     assert rule is not None and rule.target is None
-    rule.full = (10.0, 1_000, 0, 32)  # its batch filled at 10 s
-    # 200 requests started in 100 s, 168 ended since 10 s: the window counts at most
-    # 200 + 168/90 x 1.25 x 200 + 32 = 699; 1% of that is 7
-    assert rule.cut(_waits(100.0, fast=195, slow=5, limit_s=8.0)) is None
-    why = rule.cut(_waits(100.0, fast=190, slow=10, limit_s=8.0))
+    # 200 requests started in 100 s, 168 ended: the slots turned over (168 + 32) / 100 = 2 a
+    # second, the rest of the window may start 4x that: at most 200 + 2 x 4 x 200 + 32 = 1,832
+    # requests; 1% of that is 18.3
+    assert rule.cut(_waits(100.0, fast=181, slow=19, limit_s=8.0)) is None
+    why = rule.cut(_waits(100.0, fast=180, slow=20, limit_s=8.0))
     assert why is not None and "misses the limit" in why and rule.at_s == 100.0
+    assert rule.projected == 500.0  # no projection yet: the rate so far, 50,000 tokens in 100 s
+
+
+def test_a_queue_past_the_pool_is_cut_before_its_batch_turns_over() -> None:
+    """150 streams on a pool that runs 40: 110 wait beyond the 30 s limit at 40 s of a 90 s
+    window and none has ended. No score projection is possible yet (no turnover), the TTFT
+    miss is: the window counts at most 150 + 150/40 x 4 x 50 + 150 = 1,050 requests."""
+    rule = cutter(CUT_METRIC, 90.0, 150, 1_000.0, ttft_limit_ms=30_000)
+    assert rule is not None
+    waits = (2.0,) * 40 + (40.0,) * 110
+    at_40 = LoadProgress(40.0, 90.0, 0, 10_000, 20_000, 40, first_waits=waits)
+    assert rule.project(at_40) is None
+    why = rule.cut(at_40)
+    assert why is not None and "110 requests waited beyond" in why
+    # the same queue 25 s in, 4 of them past the limit: a fast rest could still dilute them
+    early = LoadProgress(25.0, 90.0, 0, 10_000, 9_000, 40, first_waits=(2.0,) * 146 + (31.0,) * 4)
+    assert cutter(CUT_METRIC, 90.0, 150, 1_000.0, ttft_limit_ms=30_000).cut(early) is None
 
 
 def test_a_run_within_its_ttft_limit_is_not_cut_for_it() -> None:
