@@ -5,7 +5,9 @@ A trial's (and a confirmation run's) record is trial/spent.py's: `server_s` seco
 runner's clock (the wall's, or the virtual clock's in a `--virtual` study) times the `gpus`
 the launched flags use, over 3600, is its GPU-hours. Trials count in trial-number order (the
 order workers created them); confirmation runs come after the search and count in the total
-only. "Within 2%": a feasible trial whose first value is at least 0.98 of the winner's score
+only. Server-hours are the same seconds not multiplied by the GPUs: how long servers held
+their host(s), summed over servers (an 8-GPU host's hour is 8 GPU-hours and 1 server-hour).
+"Within 2%": a feasible trial whose first value is at least 0.98 of the winner's score
 (`verdict.winner.best_trial`'s mean, what the export names). A trial that ran before these
 records existed (no `Attr.SPENT`) counts 0 and is counted in `unrecorded`.
 """
@@ -41,6 +43,11 @@ def gpu_hours(record: Mapping[str, Any], key: str = "server_s") -> float:
     return float(record.get(key) or 0.0) * int(record.get("gpus") or 1) / 3600.0
 
 
+def server_hours(record: Mapping[str, Any]) -> float:
+    """One record's server-hours: how long its server held its GPUs, whatever their number."""
+    return float(record.get("server_s") or 0.0) / 3600.0
+
+
 @dataclass(frozen=True)
 class GpuTime:
     """What a study's GPU time came to."""
@@ -52,6 +59,8 @@ class GpuTime:
     #: (trial number, GPU-hours spent when it completed) of the first within WITHIN of `score`
     first_within: tuple[int, float] | None = None
     score: float | None = None  # the winner's score it was judged against
+    hours: float = 0.0  # server-hours of the trials and the confirmation runs
+    first_hours: float | None = None  # server-hours spent when `first_within` completed
 
     @property
     def total(self) -> float:
@@ -66,21 +75,25 @@ class GpuTime:
             "phases": {PHASE_NAMES[k]: round(v, 4) for k, v in self.phases.items()},
             "unrecorded_trials": self.unrecorded,
             "within_pct": 100 * WITHIN,
-            "first_within": None if first is None else {"trial": first[0], "gpu_hours": first[1]},
+            "server_hours": round(self.hours, 4),
+            "first_within": None
+            if first is None
+            else {"trial": first[0], "gpu_hours": first[1], "server_hours": self.first_hours},
         }
 
     def text(self) -> str:
         """One line for `tuner status` and the report."""
         phases = ", ".join(f"{PHASE_NAMES[k]} {v:.2f}" for k, v in self.phases.items() if v)
         line = (
-            f"GPU-hours: {self.total:.2f} (search {self.search:.2f}, confirmation "
+            f"GPU-hours: {self.total:.2f} in {self.hours:.2f} server-hours (search "
+            f"{self.search:.2f}, confirmation "
             f"{self.confirm:.2f}{'; ' + phases if phases else ''})"
         )
         if self.first_within is not None:
             number, hours = self.first_within
             line += (
                 f"; first within {100 * WITHIN:g}% of the winner's score at {hours:.2f} "
-                f"GPU-hours (trial #{number})"
+                f"GPU-hours, {self.first_hours or 0.0:.2f} server-hours (trial #{number})"
             )
         if self.unrecorded:
             line += f"; {self.unrecorded} trial(s) ran before time was recorded, counted 0"
@@ -103,20 +116,22 @@ def gpu_time(
     """The study's GPU time from its trials, its user attributes (the confirmation records) and
     the winner's score (None: no winner yet)."""
     phases = dict.fromkeys(KEYS, 0.0)
-    search, unrecorded, first = 0.0, 0, None
+    search, hours, unrecorded, first, first_hours = 0.0, 0.0, 0, None, None
     for t in sorted(trials, key=lambda t: t.number):
         record = t.user_attrs.get(Attr.SPENT)
         if isinstance(record, Mapping):
             search += gpu_hours(record)
+            hours += server_hours(record)
             _add(phases, [record])
         elif _ran(t):
             unrecorded += 1
         if first is None and score is not None and score > 0 and _within(t, score):
-            first = (t.number, round(search, 4))
+            first, first_hours = (t.number, round(search, 4)), round(hours, 4)
     confirmations = confirm_records(study_attrs)
     _add(phases, confirmations)
     confirm = sum(gpu_hours(r) for r in confirmations)
-    return GpuTime(search, confirm, phases, unrecorded, first, score)
+    hours += sum(server_hours(r) for r in confirmations)
+    return GpuTime(search, confirm, phases, unrecorded, first, score, hours, first_hours)
 
 
 def _add(phases: dict[str, float], records: Iterable[Mapping[str, Any]]) -> None:

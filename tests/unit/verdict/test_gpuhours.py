@@ -115,8 +115,15 @@ def test_the_study_counts_gpu_hours_to_the_first_config_within_two_percent() -> 
     assert spent.phases["startup_s"] == pytest.approx(7 * 600 * 8 / 3600)
     assert spent.phases["load_s"] == pytest.approx((19 - 7 * 600 * 8 / 3600) + 300 * 8 / 3600)
     out = spent.as_json()
-    assert out["first_within"] == {"trial": 5, "gpu_hours": 15.0} and out["total"] == 22.0
-    assert "first within 2% of the winner's score at 15.00 GPU-hours (trial #5)" in spent.text()
+    assert out["first_within"] == {"trial": 5, "gpu_hours": 15.0, "server_hours": 1.875}
+    assert out["total"] == 22.0
+    # the same seconds, not multiplied by the 8 GPUs: 9,900 s in all, 6,750 s by trial 5
+    assert spent.hours == pytest.approx(2.75) and out["server_hours"] == 2.75
+    assert "GPU-hours: 22.00 in 2.75 server-hours (search 19.00" in spent.text()
+    assert (
+        "first within 2% of the winner's score at 15.00 GPU-hours, 1.88 server-hours (trial #5)"
+        in spent.text()
+    )
     # nothing feasible came within 2% of 1200 (only the infeasible 2000 did); no winner: none
     assert gpu_time(trials, attrs, score=1200.0).first_within is None
     assert gpu_time(trials, attrs, score=None).first_within is None
@@ -144,5 +151,5 @@ def test_the_report_and_status_say_it_beside_the_winner() -> None:
     cfg = parse_study(study_dict(space={"mem-fraction-static": {"low": 0.5, "high": 0.95}}))
     page = verdict(cfg, study)
     assert "Winner: trial 1" in page
-    assert "GPU-hours: 12.00 (search 8.00, confirmation 4.00" in page
-    assert "first within 2% of the winner&#x27;s score at 8.00 GPU-hours (trial #1)" in page
+    assert "GPU-hours: 12.00 in 1.50 server-hours (search 8.00, confirmation 4.00" in page
+    assert "score at 8.00 GPU-hours, 1.00 server-hours (trial #1)" in page
