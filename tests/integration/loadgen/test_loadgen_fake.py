@@ -19,7 +19,7 @@ from tuner.loadgen.bounds import Bounds
 from tuner.loadgen.metrics import summarize
 from tuner.loadgen.options import LoadOptions, load_options
 from tuner.loadgen.run import make_session, run_load, run_load_sync
-from tuner.loadgen.workload import Request, requests_for
+from tuner.loadgen.workload import WARMUP_MAX_TOKENS, Request, requests_for
 
 
 def _reqs(n: int = 20, out: int = 8, inp: int = 16, **kw) -> list[Request]:
@@ -318,3 +318,16 @@ def test_the_callers_time_limit_cuts_the_whole_run() -> None:
             )
         took = time.monotonic() - t0
     assert took < 10 and phases == ["warmup", "load"]
+
+
+def test_warm_up_answers_are_cut_to_32_tokens_as_bench_servings_are() -> None:
+    """Three warm-up requests of 100-token answers ask for 32 tokens each (WARMUP_MAX_TOKENS);
+    the timed run's four ask for all 100."""
+    fake = FakeSGLang()
+    reqs = _reqs(4, out=100, range_ratio=1.0)
+    assert {r.output_len for r in reqs} == {100}
+    opts = _opts(warmup_requests=3, num_requests=4, duration_s=None)
+    with ServerThread(fake) as srv:
+        res = run_load_sync(srv.url, reqs, opts)
+    assert len(res.records) == 4 and all(r.output_len == 100 for r in res.records)
+    assert fake.gen_tokens == 3 * WARMUP_MAX_TOKENS + 4 * 100 and WARMUP_MAX_TOKENS == 32
