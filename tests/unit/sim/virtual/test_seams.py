@@ -19,6 +19,7 @@ from tuner.config.load import parse_study
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, TrialTimeout
 from tuner.outcome import Status
+from tuner.search.cut import CUT_METRIC, cutter
 from tuner.server.launch import build_launch
 from tuner.sglang.failures import FailureClass
 from tuner.sim.flags import parse_flags
@@ -233,3 +234,29 @@ def test_virtual_needs_the_simulator_as_the_launch() -> None:
     d["target"]["launch"] = ["{python}", "-m", "tuner.sim", "--sim-profile", "no-such-profile"]
     with pytest.raises(ConfigError, match="no-such-profile"):
         check_launch(parse_study(d, "v.yaml"))
+
+
+def test_a_queue_past_the_pool_is_cut_for_its_ttft_long_before_its_window() -> None:
+    """2,048-token prompts on a pool of mfs 0.5: 64 and 256 streams queue past the 1.5 s TTFT
+    limit. Run out, their p99 misses it; with the cut rule (no score to beat, as on a study's
+    first server) they stop within a third of the 30 s window, before any batch turned over.
+    16 streams hold the limit and run the whole window."""
+    c = cfg(duration_s=30, input_len=2048, output_len=512)
+    limit = c.objective.slo.p99_ttft_ms
+    assert limit is not None
+
+    def go(streams: int, cut: bool) -> Any:
+        server = VirtualServer(1, noise=True)
+        assert start(server, c, **{"mem-fraction-static": 0.5}).ok
+        rule = cutter(CUT_METRIC, 30, streams, None, limit) if cut else None
+        load = VirtualLoad(server, c, requests(c))
+        return load("virtual", {"concurrency": streams}, cut=rule and rule.cut)
+
+    for streams in (64, 256):
+        assert score_load(go(streams, False), c.objective.slo)["p99_ttft_ms"] > limit
+        cut = go(streams, True)
+        assert cut.stopped == "cut" and "p99 TTFT limit" in (cut.cut_reason or "")
+        assert cut.duration_s < 10
+    held = go(16, True)
+    assert held.stopped == "duration" and held.duration_s == pytest.approx(30, abs=1)
+    assert score_load(held, c.objective.slo)["p99_ttft_ms"] <= limit
