@@ -29,7 +29,8 @@ def storage_failure(exc: BaseException, args: argparse.Namespace | None) -> str 
         return None
     for e in chain:
         if isinstance(e, OSError) and e.errno in NO_ROOM:
-            where = f" {e.filename}" if e.filename else ""
+            # a write to a file already open carries no name: the runs folder it is under
+            where = f" {e.filename}" if e.filename else _under_runs(args)
             return f"cannot write{where}: {e.strerror}{_resume(args, 'make room')}"
     failed = [e for e in chain if isinstance(e, kinds)]
     if not failed:
@@ -81,6 +82,12 @@ def _database(args: argparse.Namespace | None) -> str | None:
     except Exception:  # no study at hand, or it cannot be read again
         return None
     return url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else masked(url)
+
+
+def _under_runs(args: argparse.Namespace | None) -> str:
+    """' under <runs folder>' for a command that writes there, else ''."""
+    runs = getattr(args, "runs_dir", None)
+    return f" under {runs}" if runs else ""
 
 
 def _resume(args: argparse.Namespace | None, first: str) -> str:

@@ -377,3 +377,15 @@ def test_the_notification_of_a_full_disk_says_so_not_optunas_assertion() -> None
     assert message_of(caught) == "Should not reach."  # a bug in tuner keeps its own words
     full = OSError(errno.ENOSPC, "No space left on device", "/runs/s/study.db")
     assert message_of(full) == "cannot write /runs/s/study.db: No space left on device"
+
+
+def test_a_full_disk_under_an_open_file_names_the_runs_folder(
+    monkeypatch, capsys, tmp_path: Path
+) -> None:
+    """A write to a file already open fails with no file name (OSError.filename None): the
+    line names the runs folder it was under instead of nothing."""
+    _fail_with(monkeypatch, raising(OSError(errno.ENOSPC, "No space left on device")))
+    code = cli.main(["check", str(tmp_path / "s.yaml"), "--runs-dir", str(tmp_path)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err == f"tuner: failed: cannot write under {tmp_path}: No space left on device\n"
