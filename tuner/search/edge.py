@@ -50,12 +50,11 @@ from tuner.config.schema import StudyConfig
 from tuner.config.space import CLIENT_PARAMS, ParamSpec
 from tuner.outcome import Attr, Status, is_feasible
 from tuner.search.mode import NAME, sampled_space
-from tuner.search.neighbour import PROMISING, Memory, neighbour_probe, pool_of
+from tuner.search.neighbour import MFS, PROMISING, Memory, mfs_of, neighbour_probe, pool_of
 from tuner.search.space import canonical, distributions
 from tuner.sglang.failures import FailureClass
 from tuner.sglang.flags import full_name
 
-MFS = "mem-fraction-static"
 #: the grid a range without a step is bisected on (SGLang reads mfs to any precision; a hundredth
 #: of the GPU is ~1 GB on an 80-100 GB card, below the run-to-run noise of the pool it buys)
 DEFAULT_STEP = 0.01
@@ -76,11 +75,6 @@ def ladder(dist: BaseDistribution) -> list[float]:
     step = dist.step or DEFAULT_STEP
     n = math.floor((dist.high - dist.low) / step + 1e-9)
     return [round(dist.low + k * step, 10) for k in range(n + 1)]
-
-
-def _mfs(t: FrozenTrial) -> float | None:
-    v = t.params.get(MFS)
-    return float(v) if isinstance(v, int | float) else None
 
 
 def _others(params: Flags) -> str:
@@ -111,7 +105,7 @@ def _measured(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
         and t.values is not None
         and is_feasible(t.constraints)
         and Attr.DUPLICATE_OF not in t.user_attrs
-        and _mfs(t) is not None
+        and mfs_of(t) is not None
     ]
     return sorted(ok, key=lambda t: (-t.values[0], t.number))
 
@@ -125,11 +119,11 @@ def _above(
 ) -> tuple[float, bool]:
     """The nearest mfs above `t`'s that ran or was judged with its flags, or failed on the GPU
     with its memory flags, and whether it failed; (inf, True) when none did."""
-    m_t, others, key = _mfs(t), _others(t.params), memory_key(flags_for(t.params))
+    m_t, others, key = mfs_of(t), _others(t.params), memory_key(flags_for(t.params))
     assert m_t is not None
     above: list[tuple[float, bool]] = []
     for u in trials:
-        m = _mfs(u)
+        m = mfs_of(u)
         if u.state != TrialState.COMPLETE or m is None or m <= m_t + 1e-9:
             continue
         if _others(u.params) == others:
@@ -181,7 +175,7 @@ def _pool_idle(best: FrozenTrial, trials: Sequence[FrozenTrial], holds: Holds | 
 
 def _at_cliff(best: FrozenTrial, hi: float, grid: list[float]) -> bool:
     """The next grid point above the best's mfs failed on the GPU, or there is none."""
-    m_b = _mfs(best)
+    m_b = mfs_of(best)
     assert m_b is not None
     up = [m for m in grid if m > m_b + 1e-9]
     return not up or abs(hi - up[0]) <= 1e-9
@@ -193,14 +187,14 @@ def _lift(
     """With the best at its memory flags' cliff (`_at_cliff`, checked by the caller): another server with the same memory flags but other flags (a
     hicache-size, a scheduler knob) that served more per token of its pool than the best did,
     at a lower mfs, is run at the best's mfs: the cliff is the GPU's, theirs too."""
-    m_b, pool_b = _mfs(best), pool_of(best)
+    m_b, pool_b = mfs_of(best), pool_of(best)
     assert m_b is not None
     if pool_b is None:
         return None
     key, others = memory_key(flags_for(best.params)), _others(best.params)
     tried = {canonical(t.params) for t in trials}
     for t in _measured(trials):
-        m, pool = _mfs(t), pool_of(t)
+        m, pool = mfs_of(t), pool_of(t)
         if m is None or pool is None or m >= m_b - 1e-9 or _others(t.params) == others:
             continue
         if t.values[0] / pool < best.values[0] / pool_b:
@@ -220,7 +214,7 @@ def _pin(best: FrozenTrial, trials: Sequence[FrozenTrial], sampled: Sequence[str
     """At the cliff with nothing to lift: once per best, a trial at its mfs and memory flags
     whose other server flags (a hicache-size, a scheduler knob) the sampler draws, so they are
     tried where the pool is largest instead of below the cliff, then lifted (a restart more)."""
-    m_b = _mfs(best)
+    m_b = mfs_of(best)
     fixed = {**_memory_params(best.params), MFS: m_b}
     if not any(k not in fixed for k in sampled):
         return None  # nothing left for the sampler to draw: it would be the best again
@@ -249,7 +243,7 @@ def edge_probe(
     grid = ladder(dist)
     if best is None or not grid or _pool_idle(best, trials, holds):
         return None
-    m_b = _mfs(best)
+    m_b = mfs_of(best)
     assert m_b is not None
     hi, failed = _above(best, trials, flags_for)
     if not failed:
@@ -287,7 +281,7 @@ def _other_cliffs(
         if t.values[0] < PROMISING * best.values[0] or _pool_idle(t, trials, holds):
             continue
         hi, failed = _above(t, trials, flags_for)
-        m_t = _mfs(t)
+        m_t = mfs_of(t)
         pick = _bisect(m_t, hi, grid) if failed and m_t is not None else None
         if pick is not None:
             return Probe({**t.params, MFS: pick}, t.number)

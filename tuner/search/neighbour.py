@@ -219,9 +219,16 @@ def _start(
     return up[0] if up and up[0] <= m_b + room + 1e-9 else m_b
 
 
-def _mfs_of(t: FrozenTrial) -> float:
+def mfs_of(t: FrozenTrial) -> float | None:
+    """The trial's mem-fraction-static, or None when it has none."""
     m = t.params.get(MFS)
-    return float(m) if isinstance(m, int | float) else -math.inf
+    return float(m) if isinstance(m, int | float) else None
+
+
+def _mfs_of(t: FrozenTrial) -> float:
+    """`mfs_of`, ranked: a trial without one sorts below every mfs."""
+    m = mfs_of(t)
+    return -math.inf if m is None else m
 
 
 def _layout(params: Flags, *, mfs: bool = True) -> dict[str, Any]:
