@@ -32,12 +32,13 @@ from tuner.config.target import Timeouts
 from tuner.errors import InfraError
 from tuner.hosts.base import Host, mask_file_script
 from tuner.server.endpoint import REACH_GRACE_S, DirectEndpoint, Endpoint, ReachWatch
+from tuner.server.gpus import gpu_list, memory_in_use
 from tuner.server.hostfacts import port_held_error, setup_error
 from tuner.server.info import as_float, as_int, internal, mismatches
 from tuner.server.launch import MIN_MASKED_LEN, REDACTED, LaunchSpec, launch_program
 from tuner.server.logs import HostLogs, remove
 from tuner.server.probes import http_status, server_info
-from tuner.server.records import GpuInfo, ServerDeath, StartResult, Timings
+from tuner.server.records import GpuInfo, GpuMemory, ServerDeath, StartResult, Timings
 from tuner.server.runtime import DirectRuntime, Runtime
 from tuner.sglang.failures import FailureClass, evidence_tail, explain_failure
 
@@ -264,19 +265,13 @@ class Server:
     def gpus(self) -> tuple[GpuInfo, ...]:
         """GPU model and memory from nvidia-smi (empty without nvidia-smi); read once."""
         if self._gpus is None:
-            self._gpus = ()
-            if not self.runtime.remote and self.host.which(self.nvidia_smi):
-                res = self.host.run(
-                    [
-                        self.nvidia_smi,
-                        "--query-gpu=name,memory.total",
-                        "--format=csv,noheader,nounits",
-                    ]
-                )
-                rows = [ln.rpartition(",") for ln in res.stdout.splitlines()] if res.ok else []
-                gpus = (GpuInfo(n.strip(), int(float(m))) for n, _, m in rows if n.strip())
-                self._gpus = tuple(gpus)
+            found = not self.runtime.remote and self.host.which(self.nvidia_smi)
+            self._gpus = gpu_list(self.host, self.nvidia_smi) if found else ()
         return self._gpus
+
+    def gpu_memory(self) -> GpuMemory | None:
+        """What the host's GPUs hold now (server/gpus.py; None without nvidia-smi)."""
+        return memory_in_use(self.host, self.nvidia_smi) if self.gpus() else None
 
     # -- steps ------------------------------------------------------------------------------
 

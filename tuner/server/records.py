@@ -17,6 +17,27 @@ class GpuInfo:
     memory_total_mib: int
 
 
+#: a trial's server-info keys for `GpuMemory` (search/ceiling.py reads them)
+GPU_USED = "gpu_used_mib"
+GPU_TOTAL = "gpu_total_mib"
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """The GPU memory a running server holds: the most any of the host's GPUs has in use and
+    the least any has in all (nvidia-smi's memory.used and memory.total, MiB). PyTorch's caching
+    allocator keeps what a forward pass once needed until `torch.cuda.empty_cache()` (SGLang
+    calls it on /flush_cache), so read after a load run this is the run's peak, activations
+    included."""
+
+    used_mib: float
+    total_mib: float
+
+    def facts(self) -> dict[str, float]:
+        """What a trial records of it (beside `StartResult.facts`)."""
+        return {GPU_USED: self.used_mib, GPU_TOTAL: self.total_mib}
+
+
 @dataclass(frozen=True)
 class Timings:
     """Where a restart's time went (seconds); overhead_s is everything but the server's start-up."""

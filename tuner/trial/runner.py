@@ -41,9 +41,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +57,8 @@ from tuner.search.mode import inner_mode
 from tuner.search.space import canonical, client_params, server_flags
 from tuner.server.launch import LaunchSpec, build_launch, server_log_path, shown_command
 from tuner.server.lifecycle import ServerDeath, StartResult
+from tuner.server.probes import http_status
+from tuner.server.records import GpuMemory
 from tuner.sglang.failures import FailureClass, is_config_failure
 from tuner.sglang.flags import LaunchFlags, effective_flags
 from tuner.trial.inner import InnerSearch
@@ -93,7 +94,8 @@ class ServerControl(Protocol):
     def fetch_log(self, local_path: str) -> bool: ...
 
     # also, where the lifecycle has it: responsive(timeout_s: float) -> bool (alive servers
-    # only: does it answer /health within timeout_s); without it the runner asks /health itself
+    # only: does it answer /health within timeout_s); without it the runner asks /health itself;
+    # and gpu_memory() -> GpuMemory | None (nvidia-smi's view: search/ceiling.py reads it)
 
 
 #: (base_url, client-side params such as concurrency and request-rate) -> one load run; it may
@@ -163,6 +165,8 @@ class TrialRunner:
         self.on_progress: Callable[[Any], None] | None = None
         self.number: int | None = None  # the trial being run
         self.spent = PhaseTimes(clock)  # the current (or last) trial's time by phase
+        #: the most GPU memory the server held after one of this trial's runs (nvidia-smi)
+        self.gpu_peak: GpuMemory | None = None
 
     def flags_for(self, params: Mapping[str, Any]) -> LaunchFlags:
         """Fixed server flags plus the trial's server-side params, as the server is launched
@@ -191,6 +195,7 @@ class TrialRunner:
         self._phases_log = trial_dir / "phases.log"
         self._logged = None
         self.spent = PhaseTimes(self.clock)
+        self.gpu_peak = None
         flags = self.flags_for(params)
         self.spent.gpus = parallel_of(flags).gpus
         objective = self.cfg.objective
@@ -230,6 +235,8 @@ class TrialRunner:
             outcome = measure(params, trial_dir)
         self._learn_death(outcome, flags, params)
         self._enter("done", check=False)
+        if self.gpu_peak is not None:
+            outcome = replace(outcome, server_info={**outcome.server_info, **self.gpu_peak.facts()})
         return outcome
 
     def measure(
@@ -301,7 +308,7 @@ class TrialRunner:
         probe = getattr(self.server, "responsive", None)
         if probe is not None:
             return bool(probe(timeout))
-        return _health_ok(self.base_url, timeout)
+        return http_status(self.base_url.rstrip("/") + "/health", None, timeout) == 200
 
     def _stop_hung(self) -> None:
         self._running_key = None
@@ -368,12 +375,21 @@ class TrialRunner:
             )
         if hung is not None:
             return failed_outcome(objective, Status.WORLD, hung, HUNG, metrics=metrics, **kw)
+        self._note_gpu_memory()
         if load.stopped == "cut":
             return cut_outcome(objective, metrics, load.cut_reason or "cut", **kw)
         # a run cut by its error budget is the server's doing, not a client that lagged
         lagged = load.flagged and load.stopped != "error_budget"
         tails = tails_of(load.records, objective.slo) if load.records else None  # poolable
         return measured_outcome(objective, metrics, client_lagged=lagged, tails=tails, **kw)
+
+    def _note_gpu_memory(self) -> None:
+        """The GPU memory the live server holds after a run it survived, the most over the
+        trial's runs: the peak a run's activations reached beside the pool (search/ceiling.py)."""
+        read = getattr(self.server, "gpu_memory", None)
+        seen = read() if read is not None else None
+        if seen is not None and (self.gpu_peak is None or seen.used_mib > self.gpu_peak.used_mib):
+            self.gpu_peak = seen
 
     def _hang_after(self, load: LoadResult) -> str | None:
         """Why the run measured a hang rather than the configuration (the server is stopped
@@ -482,12 +498,3 @@ class TrialRunner:
                 # vars, not asdict: a record is flat, and asdict's deep copies of thousands
                 # of records took seconds per trial
                 f.write(json.dumps(vars(rec), default=str) + "\n")
-
-
-def _health_ok(base_url: str, timeout_s: float) -> bool:
-    """GET /health answered 200 within `timeout_s` (a server that stopped answers nothing)."""
-    try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/health", timeout=timeout_s) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False

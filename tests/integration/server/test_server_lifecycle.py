@@ -29,8 +29,10 @@ from tests.helpers.sshd import assert_group_gone
 from tuner.config.target import Timeouts
 from tuner.errors import PortHeldError
 from tuner.hosts import Host, SSHHost
+from tuner.server.gpus import gpu_memory_of
 from tuner.server.launch import LaunchSpec
 from tuner.server.lifecycle import Server
+from tuner.server.records import GpuMemory
 
 FAKE = str(HELPERS / "fake_sglang.py")
 FAST = Timeouts(ready_s=20, stop_s=5, port_free_s=3, gpu_free_s=5, poll_s=0.05, http_s=2)
@@ -260,6 +262,29 @@ def test_gpu_facts_from_nvidia_smi(any_host: Host, tmp_path: Path) -> None:
         t.cleanup()
 
 
+def test_gpu_memory_in_use_from_nvidia_smi(any_host: Host, tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\ncase "$1" in\n'
+        "  --query-gpu=name,*) printf 'H20, 97887\\nH20, 97887\\n';;\n"
+        "  --query-gpu=memory.used,*) printf '91000, 97887\\n93500, 97887\\n';;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    t = Tracker(any_host, tmp_path, nvidia_smi=str(smi))
+    try:
+        assert t.restart(fake_spec(free_port())).ok
+        # the busiest GPU of the host: the one whose load leaves least room
+        assert t.server.gpu_memory() == GpuMemory(93500.0, 97887.0)
+    finally:
+        t.cleanup()
+    bare = Tracker(any_host, tmp_path, nvidia_smi=str(tmp_path / "absent"))
+    try:
+        assert bare.server.gpu_memory() is None  # no nvidia-smi: nothing read, nothing predicted
+    finally:
+        bare.cleanup()
+
+
 @pytest.mark.ssh
 def test_dropped_connection_during_the_wait_is_survived(sshd_server, tmp_path: Path) -> None:
     host = SSHHost(sshd_server.options())
@@ -338,3 +363,9 @@ def test_simulator_failures_are_classified(
     res = tracker.restart(sim_spec(free_port(), *extra))
     assert (res.ok, res.failure) == (False, expected), res
     assert res.evidence and res.exit_code in (1, 2, 137)
+
+
+def test_nvidia_smis_memory_rows_read_as_the_busiest_gpu() -> None:
+    assert gpu_memory_of("1000, 80000\n79000, 81559\n") == GpuMemory(79000.0, 80000.0)
+    assert gpu_memory_of("[N/A], [N/A]\n500, 24000\n") == GpuMemory(500.0, 24000.0)
+    assert gpu_memory_of("") is None and gpu_memory_of("No devices were found\n") is None

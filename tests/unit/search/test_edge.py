@@ -18,6 +18,7 @@ from tuner.capacity.precheck import Hardware
 from tuner.config.load import parse_study
 from tuner.outcome import POOL_ATTR, Attr, Status
 from tuner.search.edge import MFS, ProbeEdge, edge_probe, ladder
+from tuner.sim.virtual.server import VirtualServer
 from tuner.sim.virtual.study import virtual_seams
 
 DIST = FloatDistribution(0.80, 0.95, step=0.01)
@@ -231,8 +232,10 @@ def _virtual(data: dict[str, Any], tmp_path: Path, n_trials: int) -> optuna.Stud
 
 
 def test_a_virtual_study_climbs_from_the_baseline_to_the_cliff_one_restart_at_a_time(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a host without nvidia-smi: no GPU memory read, so no ceiling predicted (search/ceiling.py)
+    monkeypatch.setattr(VirtualServer, "gpu_memory", lambda self: None)
     trials = _virtual(_kimi_file(), tmp_path, 5).trials
     probes = [t for t in trials if Attr.EDGE_OF in t.user_attrs]
     assert [t.number for t in probes] == [1, 2, 3, 4]  # the baseline, then each probe's next
@@ -289,9 +292,21 @@ def test_the_callback_enqueues_a_pin_with_only_the_fixed_flags(tmp_path: Path) -
     assert waiting.user_attrs == {Attr.EDGE_PIN: 0}
 
 
+def test_a_virtual_study_jumps_to_the_cliff_its_gpu_memory_predicts(tmp_path: Path) -> None:
+    """Kimi TP8 at mfs 0.85 holds all but ~6 GiB of its GPUs after a load run; each hundredth of
+    mfs is ~1 GiB more pool, so the probe goes straight to 0.91 (the memory plan: a full prefill
+    chunk fits there and not at 0.92) and, alive there, counts the cliff as found."""
+    trials = _virtual(_kimi_file(), tmp_path, 3).trials
+    base, jump, pin = trials
+    assert base.params[MFS] == pytest.approx(0.85) and jump.user_attrs[Attr.EDGE_OF] == 0
+    assert jump.params[MFS] == pytest.approx(0.91)
+    assert jump.user_attrs[Attr.STATUS] == Status.OK
+    assert pin.user_attrs[Attr.EDGE_PIN] == 1 and pin.params[MFS] == pytest.approx(0.91)
+
+
 def test_a_virtual_study_draws_hicache_at_the_cliff_it_found(tmp_path: Path) -> None:
     trials = _virtual(_kimi_file(), tmp_path, 6).trials
-    cliff = trials[5]
+    cliff = next(t for t in trials if Attr.EDGE_PIN in t.user_attrs)
     best = trials[cliff.user_attrs[Attr.EDGE_PIN]]
     assert cliff.params[MFS] == best.params[MFS]  # pinned at the best's mfs, the cliff
     assert cliff.params["hicache-size"] != best.params["hicache-size"]  # drawn by the sampler

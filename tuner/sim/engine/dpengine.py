@@ -194,6 +194,11 @@ class DPEngine:
         return all(e.flush_cache() for e in self.groups)
 
     @property
+    def peak_prefill_tokens(self) -> int:
+        """The largest prefill batch any group ran since start or the last flush_cache."""
+        return max(e.peak_prefill_tokens for e in self.groups)
+
+    @property
     def pool(self) -> KVPool:
         """Group 0's KV pool (each group has one like it: `pools`)."""
         return self.groups[0].pool

@@ -170,13 +170,14 @@ def take_batch(s: SchedState, formed: Formed, out: StepOut) -> list[SchedReq]:
 
 def check_oom(s: SchedState, batch: list[SchedReq]) -> None:
     """Past the profile's OOM cliff, or without KV room for the batch, the server dies."""
-    oom = s.params.oom_prefill_tokens
-    if oom is not None and sum(r.extend for r in batch) > oom:
+    oom, new = s.params.oom_prefill_tokens, sum(r.extend for r in batch)
+    if oom is not None and new > oom:
         s.dead = True
         raise EngineOOM()
     if not s.pool.ensure_free(s.pool.extend_need(batch)):
         s.dead = True
         raise EngineOOM()
+    s.peak_prefill = max(s.peak_prefill, new)
 
 
 def attention_pairs(batch: list[SchedReq]) -> float:

@@ -70,6 +70,9 @@ class SchedState:
         self.batch_full = False  # SGLang's batch_is_full: skip prefill until a request leaves
         self.shrunk = False  # requests left the running batch since the last prefill attempt
         self.dead = False  # a prefill OOM killed the server
+        #: the most new tokens one prefill batch ran since start or flush_cache: its
+        #: activations are what PyTorch's allocator keeps reserved (nvidia-smi's memory.used)
+        self.peak_prefill = 0
         self.clock = 0.0  # virtual seconds
         self.prefill_logged_at = 0.0  # when the last Prefill batch line was written (0.5.23)
         self.retracted_last = 0  # requests the last decode step retracted

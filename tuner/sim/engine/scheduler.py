@@ -205,7 +205,13 @@ class Engine:
         if s.pool.cache is not None:
             s.pool.cache.reset()
         s.ratio.reset()
+        s.peak_prefill = 0  # SGLang's flush_cache ends in torch.cuda.empty_cache()
         return True
+
+    @property
+    def peak_prefill_tokens(self) -> int:
+        """The largest prefill batch (new tokens) since start or the last flush_cache."""
+        return self._s.peak_prefill
 
     @property
     def pool(self) -> KVPool:

@@ -31,7 +31,7 @@ from dataclasses import replace
 from tuner.errors import ModelConfigError, TunerError
 from tuner.server.info import mismatches
 from tuner.server.launch import LaunchSpec
-from tuner.server.records import ServerDeath, StartResult, Timings
+from tuner.server.records import GpuMemory, ServerDeath, StartResult, Timings
 from tuner.server.target import SIM_MODULE, sim_args  # noqa: F401  (re-exported: the sim's callers)
 from tuner.sglang.failures import FailureClass, explain_failure
 from tuner.sim import tokens
@@ -165,6 +165,21 @@ class VirtualServer:
         with open(local_path, "w") as f:
             f.write(text)
         return True
+
+    def gpu_memory(self) -> GpuMemory | None:
+        """What nvidia-smi would say of the live server's busiest GPU: everything start-up
+        placed (the memory plan: context, weights, pool, graphs, a draft) and the activations
+        of the largest prefill batch since start or the last flush (what PyTorch's caching
+        allocator keeps reserved); None without a live server."""
+        srv, proc = self._srv, self.process
+        if srv is None or proc is None or proc.dead is not None or srv.script.plan is None:
+            return None
+        total = float(srv.profile.gpu_mem_mib)
+        used = total - srv.script.plan.available_gpu_mem_gib * 1024
+        peak = proc.engine.peak_prefill_tokens
+        if peak > 0:
+            used += srv.profile.graph_memory.activation_mib(peak)
+        return GpuMemory(round(used, 1), total)
 
     def responsive(self, timeout_s: float) -> bool:
         """A live virtual server always answers /health."""

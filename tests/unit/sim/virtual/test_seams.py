@@ -18,9 +18,11 @@ from tuner.capacity.precheck import Hardware
 from tuner.config.load import parse_study
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, TrialTimeout
-from tuner.outcome import Status
+from tuner.outcome import Attr, Status
+from tuner.search.ceiling import Reading
 from tuner.search.cut import CUT_METRIC, cutter
 from tuner.server.launch import build_launch
+from tuner.server.records import GPU_TOTAL, GPU_USED
 from tuner.sglang.failures import FailureClass
 from tuner.sim.flags import parse_flags
 from tuner.sim.profile import load_profile
@@ -260,3 +262,61 @@ def test_a_queue_past_the_pool_is_cut_for_its_ttft_long_before_its_window() -> N
     held = go(16, True)
     assert held.stopped == "duration" and held.duration_s == pytest.approx(30, abs=1)
     assert score_load(held, c.objective.slo)["p99_ttft_ms"] <= limit
+
+
+def test_the_gpu_memory_a_run_leaves_predicts_where_the_memory_plan_dies() -> None:
+    """nvidia-smi's view of a virtual server: start-up's memory, then the largest prefill's
+    activations on top (PyTorch keeps them reserved) until a flush. Read after a run at mfs
+    0.85, the ceiling it predicts (search/ceiling.py) is the memory plan's own: the first mfs
+    where a full prefill chunk no longer fits (Llama-8B on an H100: 0.95)."""
+    c = cfg(input_len=2048)  # 16 prompts of ~2k tokens at once: full 8,192-token chunks
+    server = VirtualServer(1)
+    assert start(server, c, **{"mem-fraction-static": 0.85}).ok
+    idle = server.gpu_memory()
+    assert idle is not None and idle.total_mib == load_profile("llama-3.1-8b-h100").gpu_mem_mib
+    VirtualLoad(server, c, requests(c))("virtual", {"concurrency": 16})
+    after = server.gpu_memory()
+    assert after is not None and after.used_mib > idle.used_mib
+    grid = [round(0.85 + k / 100, 2) for k in range(14)]
+    predicted = next(
+        m for m in grid if Reading(0.85, after.used_mib, after.total_mib).free_at(m) < 0
+    )
+
+    def verdict(mfs: float) -> str:
+        ns = parse_flags(["--model-path", "m", "--mem-fraction-static", str(mfs)])
+        plan = build_script(ns, load_profile("llama-3.1-8b-h100")).plan
+        return "none" if plan is None else plan.verdict
+
+    assert verdict(round(predicted - 0.01, 2)) == "ok" and verdict(predicted) != "ok", predicted
+    # a flush empties PyTorch's cache (SGLang's flush_cache): even the start-up warm-up's
+    # activations are gone, only what start-up placed is left
+    assert server.process is not None and server.process.engine.flush_cache()
+    flushed = server.gpu_memory()
+    assert flushed is not None and flushed.used_mib < idle.used_mib
+    server.stop()
+    assert server.gpu_memory() is None
+
+
+def test_a_trial_records_the_most_gpu_memory_its_server_held_after_a_run_it_lived(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = cfg(input_len=2048)
+    runner = virtual_runner(c, requests=requests(c))
+    seen: list[float] = []
+    real = VirtualServer.gpu_memory
+
+    def spy(self: VirtualServer):
+        got = real(self)
+        if got is not None:
+            seen.append(got.used_mib)
+        return got
+
+    monkeypatch.setattr(VirtualServer, "gpu_memory", spy)
+    out = runner.run(0, {"mem-fraction-static": 0.85}, tmp_path / "0")  # the inner search
+    assert out.status == Status.OK and len(out.points) >= 2 and len(seen) >= 2
+    assert out.server_info[GPU_USED] == max(seen) and out.server_info[GPU_TOTAL] == 81559
+    assert GPU_USED in out.to_attrs()[Attr.SERVER_INFO]  # where search/ceiling.py reads it
+    # a run that killed its server reads nothing: its memory is gone with it
+    seen.clear()
+    died = runner.run(1, {"mem-fraction-static": 0.96, "concurrency": 64}, tmp_path / "1")
+    assert died.status == Status.DIED and GPU_USED not in died.server_info and not seen
