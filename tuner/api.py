@@ -42,6 +42,7 @@ from tuner.server.runtime import ContainerRuntime, Runtime
 from tuner.server.startlog import StartupLog
 from tuner.server.steps import following, slurm_parts
 from tuner.server.target import Launch, endpoint_for, env_secret, host_for
+from tuner.sim.flags import launch_meminfo
 from tuner.study.loop import Tuning, default_worker
 from tuner.study.states import TuneStats
 from tuner.study.storage import (
@@ -388,15 +389,18 @@ def sweep_lost_logs(cfg: StudyConfig, seams: Seams, tuning: Tuning) -> None:
 def judge_by_available_ram(seams: Seams, events: Events) -> None:
     """Let the pre-check judge HiCache sizes by the host RAM available now (/proc/meminfo on
     the target), not only the total the study file states: another tenant's memory is not the
-    server's. Not for the simulator (its host RAM is its profile's), nor when it cannot be read
-    (then the study file's figure stands, as before)."""
-    if seams.launch.simulated or seams.release is not None:
+    server's. The simulator's host is the one its profile plays; when it cannot be read, the
+    study file's figure stands."""
+    if seams.release is not None:
         return  # a Slurm study's host is the login node, a pod's this machine: not the server's
-    try:
-        res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)
-    except InfraError:
-        return
-    info = parse_meminfo(res.stdout) if res.ok else {}
+    if seams.launch.simulated:
+        info = launch_meminfo(seams.launch.template)
+    else:
+        try:
+            res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)
+        except InfraError:
+            return
+        info = parse_meminfo(res.stdout) if res.ok else {}
     if "MemTotal" not in info or "MemAvailable" not in info:
         return
     runner = seams.runner

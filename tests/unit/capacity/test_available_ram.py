@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import pytest
+
 from tuner.api import Events, judge_by_available_ram
 from tuner.capacity import calculus as cap
 from tuner.capacity.precheck import (
@@ -72,9 +74,25 @@ def test_tune_reads_the_targets_meminfo_and_says_so() -> None:
     assert len(said) == 1 and "300.0 GB of 449.0 GB available" in said[0], said
 
 
-def test_not_for_the_simulator_nor_an_unreadable_host() -> None:
+def test_the_simulators_host_is_its_profiles_not_this_machine() -> None:
+    """Kimi's profile plays a host of 449 GB where other tenants hold 25: 424 GB available, less
+    5% of the total, judges HiCache; 54 GB a rank for TP 8 (432 GB) is then rejected before a
+    restart, as the simulated start fails ("Not enough host memory available")."""
+    said: list[str] = []
+    kimi = Launch(("python", "-m", "tuner.sim", "--sim-profile", "kimi-k2.5-tp8"), {})
+    seams = _seams(_Host(None), kimi)  # this machine's meminfo is never read
+    judge_by_available_ram(seams, Events(on_message=said.append))
+    assert seams.runner.hardware.host_ram_gb == pytest.approx(424 - 0.05 * 449)
+    assert len(said) == 1 and "424.0 GB of 449.0 GB available" in said[0], said
+    flags = {"model-path": "m", "tp-size": 8}
+    verdict = precheck({**flags, "hicache-size": 54}, seams.runner.hardware, Knowledge())
+    assert not verdict.feasible and verdict.kind == "host_memory", verdict
+    assert precheck({**flags, "hicache-size": 48}, seams.runner.hardware, Knowledge()).feasible
+
+
+def test_not_for_an_unreadable_host_or_profile() -> None:
     for seams in (
-        _seams(_Host("MemTotal: 1 kB\nMemAvailable: 1 kB\n"), SIM),
+        _seams(_Host("MemTotal: 1 kB\nMemAvailable: 1 kB\n"), SIM),  # no profile "x"
         _seams(_Host(None), REAL),
     ):
         judge_by_available_ram(seams, Events())
