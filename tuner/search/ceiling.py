@@ -17,6 +17,11 @@ load, at mfs m,
 never understated, so free(m) is never overstated). Where free(m) < 0, that load's largest
 prefill would not fit: the server fails its CUDA-graph capture or dies under load.
 
+One thing does move with mfs under 0.5.6.post2's speculative decoding: the draft's own pool
+is sized in tokens like the target's (sim/memplan.py), so it grows by the draft's cell over the
+target's (1/61 on Kimi: about 100 MiB for six hundredths of mfs) out of the headroom. The prediction is
+that much optimistic there; a jump that dies for it is halved below as any failure is.
+
 Each reading is a lower bound on what the layout's load needs (a later run may prefill a larger
 batch), so the ceiling is the lowest any reading predicts, and never at or below an mfs where a
 server of the layout ran its load and lived: a measurement beats a prediction.
