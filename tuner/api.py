@@ -388,9 +388,8 @@ def sweep_lost_logs(cfg: StudyConfig, seams: Seams, tuning: Tuning) -> None:
 
 def judge_by_available_ram(seams: Seams, events: Events) -> None:
     """Let the pre-check judge HiCache sizes by the host RAM available now (/proc/meminfo on
-    the target), not only the total the study file states: another tenant's memory is not the
-    server's. The simulator's host is the one its profile plays; when it cannot be read, the
-    study file's figure stands."""
+    the target; a simulator's, its profile's host), not only the total the study file states:
+    another tenant's memory is not the server's. Unreadable: the study file's figure stands."""
     if seams.release is not None:
         return  # a Slurm study's host is the login node, a pod's this machine: not the server's
     if seams.launch.simulated:
@@ -412,7 +411,8 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
             f"hardware.host_ram_gb {before:g}" if before is not None else "no hardware.host_ram_gb"
         )
         events.say(
-            f"host RAM: {info['MemAvailable'] / GB:.1f} GB of {info['MemTotal'] / GB:.1f} GB "
+            f"{'simulated ' * seams.launch.simulated}host RAM: {info['MemAvailable'] / GB:.1f} "
+            f"GB of {info['MemTotal'] / GB:.1f} GB "
             f"available now; HiCache sizes are judged by {now:.1f} GB ({said})"
         )
 

@@ -83,7 +83,10 @@ def test_the_simulators_host_is_its_profiles_not_this_machine() -> None:
     seams = _seams(_Host(None), kimi)  # this machine's meminfo is never read
     judge_by_available_ram(seams, Events(on_message=said.append))
     assert seams.runner.hardware.host_ram_gb == pytest.approx(424 - 0.05 * 449)
-    assert len(said) == 1 and "424.0 GB of 449.0 GB available" in said[0], said
+    assert said == [
+        "simulated host RAM: 424.0 GB of 449.0 GB available now; HiCache sizes are judged by "
+        "401.6 GB (hardware.host_ram_gb 449)"
+    ]
     flags = {"model-path": "m", "tp-size": 8}
     verdict = precheck({**flags, "hicache-size": 54}, seams.runner.hardware, Knowledge())
     assert not verdict.feasible and verdict.kind == "host_memory", verdict
