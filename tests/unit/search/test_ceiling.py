@@ -88,6 +88,9 @@ def test_the_probe_jumps_to_the_highest_mfs_predicted_to_fit() -> None:
     assert probe(trial(0.85, Status.OK, 700, used=94_000)) == pytest.approx(0.91)
     # the reading says 0.88 is the last that fits: no halfway climb into a predicted death
     assert probe(trial(0.85, Status.OK, 700, used=97_000)) == pytest.approx(0.88)
+    # the jump died under load (a larger prefill than the reading saw): halved below it
+    jumped = [trial(0.85, Status.OK, 700, used=94_000), trial(0.91, Status.DIED, used=99_000)]
+    assert probe(*jumped) == pytest.approx(0.88)
     # a failure below the predicted ceiling binds: halving toward it, as without a reading
     best = trial(0.85, Status.OK, 700, used=90_000)
     assert probe(best, trial(0.89, Status.DIED)) == pytest.approx(0.87)
