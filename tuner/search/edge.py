@@ -31,8 +31,9 @@ climb there was a restart lost, and the higher mfs only nearer its prefill OOM b
 Once the best sits at its cliff (the next grid point up failed on the GPU), the cliff is known
 for every server with the same memory flags: one that differs in other flags (a hicache-size, a
 scheduler knob) and served more per token of its KV pool than the best did is run at the best's
-mfs (a lift), each such server once. On Kimi TP8 the chain finds the cliff with HiCache off in 4
-restarts (0.980 of the optimum) and the lifts carry the HiCache sizes the sampler tried there.
+mfs (a lift), each such server once. On Kimi TP8 the chain finds the cliff with HiCache off in 2
+restarts (the baseline, then the jump to 0.91) and the lifts carry the HiCache sizes the sampler
+tried there.
 With nothing to lift, one trial per best pins mfs and the memory flags at the cliff and leaves
 the other flags to the sampler (a pin): a HiCache size is tried where the pool is largest on
 the next restart, not below the cliff first (Kimi search-only median at 6 restarts 0.978 ->
