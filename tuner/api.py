@@ -42,7 +42,6 @@ from tuner.server.runtime import ContainerRuntime, Runtime
 from tuner.server.startlog import StartupLog
 from tuner.server.steps import following, slurm_parts
 from tuner.server.target import Launch, endpoint_for, env_secret, host_for
-from tuner.sim.flags import launch_meminfo
 from tuner.study.loop import Tuning, default_worker
 from tuner.study.states import TuneStats
 from tuner.study.storage import (
@@ -112,6 +111,7 @@ class Seams:
     #: (`hold(say)`, once lost servers are stopped), given back when it ends (`release()`)
     hold: Callable[[Callable[[str], None]], None] | None = None
     release: Callable[[], None] | None = None
+    meminfo: Callable[[], dict[str, int]] | None = None  # a simulated host's /proc/meminfo
 
     def stop_group(self, pgid: int, port: int) -> None:
         """Stop a server an earlier run of this worker left behind (by its process group)."""
@@ -393,7 +393,7 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
     if seams.release is not None:
         return  # a Slurm study's host is the login node, a pod's this machine: not the server's
     if seams.launch.simulated:
-        info = launch_meminfo(seams.launch.template)
+        info = seams.meminfo() if seams.meminfo is not None else {}
     else:
         try:
             res = seams.host.run(["cat", "/proc/meminfo"], timeout=MEMINFO_TIMEOUT_S)

@@ -31,11 +31,9 @@ from typing import Any
 
 import yaml
 
-from tuner.capacity.calculus import GB
 from tuner.config.base import MAX_INT
 from tuner.config.yamlfile import special_file
-from tuner.errors import InputFileError, TunerError
-from tuner.server.target import sim_args
+from tuner.errors import InputFileError
 from tuner.sglang.flags import (
     DEFAULT_VERSION,
     KNOWN_VERSIONS,
@@ -44,7 +42,7 @@ from tuner.sglang.flags import (
     server_fields,
 )
 from tuner.sim.faultspec import add_fault_flags
-from tuner.sim.profile import load_profile, resolve_profile_path
+from tuner.sim.profile import resolve_profile_path
 
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
 DEFAULT_STARTUP_SECONDS = 1.5
@@ -358,19 +356,3 @@ def server_args_dict(ns: argparse.Namespace) -> dict[str, Any]:
     (what /get_server_info reports); sim flags and derived model inputs left out."""
     fields = server_fields(getattr(ns, "sim_sglang_version", DEFAULT_VERSION))
     return {name: getattr(ns, name, default) for name, default in fields.items()}
-
-
-def launch_meminfo(argv: Sequence[str]) -> dict[str, int]:
-    """/proc/meminfo's MemTotal and MemAvailable (bytes) on the host a simulator launch plays:
-    its profile's host RAM, less what the host's other tenants hold (`host_used_gb`); empty
-    when the launch is not the simulator's or its profile does not load (the launch then fails
-    with the simulator's own message)."""
-    args = sim_args(argv)
-    if args is None:
-        return {}
-    name = _given(args, "--sim-profile")
-    try:
-        p = load_profile(name or DEFAULT_PROFILE)
-    except TunerError:
-        return {}
-    return {"MemTotal": int(p.host_ram_gb * GB), "MemAvailable": int(p.host_available_gb * GB)}

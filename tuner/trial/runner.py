@@ -235,7 +235,7 @@ class TrialRunner:
             outcome = measure(params, trial_dir)
         self._learn_death(outcome, flags, params)
         self._enter("done", check=False)
-        if self.gpu_peak is not None:
+        if self.gpu_peak is not None and outcome.server_info:  # reused: its starter's stands
             outcome = replace(outcome, server_info={**outcome.server_info, **self.gpu_peak.facts()})
         return outcome
 

@@ -120,7 +120,11 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
 
 def test_a_disk_that_fills_up_is_one_line_and_the_study_resumes(tmp_path: Path) -> None:
     shutil.copy(DEMO, tmp_path / "demo.yaml")
-    with small_disk(tmp_path / "disk", "8m") as disk:
+    with small_disk(tmp_path / "disk", "32m") as disk:
+        # another tenant's file leaves the study 2 MB: its whole run writes ~7 MB, and that
+        # shrinks whenever its trials get shorter, so the room is set here, not by the size
+        ballast = disk / "ballast"
+        ballast.write_bytes(b"\0" * (30 << 20))
         args = ["tune", "demo.yaml", "--runs-dir", str(disk), "--virtual", "--no-progress"]
         r = tuner(*args, cwd=tmp_path)
         assert "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -128,7 +132,7 @@ def test_a_disk_that_fills_up_is_one_line_and_the_study_resumes(tmp_path: Path) 
         last = r.stderr.strip().splitlines()[-1]
         assert last.startswith("tuner: failed: cannot write "), last
         assert "run the same command again to resume" in last
-        shutil.rmtree(disk / "demo-sim" / "trials")  # room again: the same command resumes
+        ballast.unlink()  # room again: the same command resumes
         r = tuner(*args, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         assert (disk / "demo-sim" / "best.yaml").is_file()

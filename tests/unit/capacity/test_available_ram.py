@@ -21,6 +21,7 @@ from tuner.errors import HostUnreachable
 from tuner.hosts.base import CommandResult
 from tuner.hosts.local import LocalHost
 from tuner.server.target import Launch
+from tuner.sim.virtual.study import launch_meminfo
 
 GIB = 1024**3
 SIM = Launch(("python", "-m", "tuner.sim", "--sim-profile", "x"), {})
@@ -60,9 +61,9 @@ class _Host:
         return CommandResult(0, self.meminfo, "")
 
 
-def _seams(host, launch: Launch, host_ram_gb: float | None = 449.0):
+def _seams(host, launch: Launch, host_ram_gb: float | None = 449.0, meminfo=None):
     runner = SimpleNamespace(hardware=Hardware(host_ram_gb=host_ram_gb))
-    return SimpleNamespace(host=host, launch=launch, runner=runner, release=None)
+    return SimpleNamespace(host=host, launch=launch, runner=runner, release=None, meminfo=meminfo)
 
 
 def test_tune_reads_the_targets_meminfo_and_says_so() -> None:
@@ -80,7 +81,8 @@ def test_the_simulators_host_is_its_profiles_not_this_machine() -> None:
     restart, as the simulated start fails ("Not enough host memory available")."""
     said: list[str] = []
     kimi = Launch(("python", "-m", "tuner.sim", "--sim-profile", "kimi-k2.5-tp8"), {})
-    seams = _seams(_Host(None), kimi)  # this machine's meminfo is never read
+    # the virtual seams' (sim/virtual/study.py): this machine's meminfo is never read
+    seams = _seams(_Host(None), kimi, meminfo=lambda: launch_meminfo(kimi.template))
     judge_by_available_ram(seams, Events(on_message=said.append))
     assert seams.runner.hardware.host_ram_gb == pytest.approx(424 - 0.05 * 449)
     assert said == [
@@ -95,7 +97,8 @@ def test_the_simulators_host_is_its_profiles_not_this_machine() -> None:
 
 def test_not_for_an_unreadable_host_or_profile() -> None:
     for seams in (
-        _seams(_Host("MemTotal: 1 kB\nMemAvailable: 1 kB\n"), SIM),  # no profile "x"
+        _seams(_Host("MemTotal: 1 kB\nMemAvailable: 1 kB\n"), SIM),  # the HTTP simulator's
+        _seams(_Host(None), SIM, meminfo=lambda: launch_meminfo(SIM.template)),  # no profile "x"
         _seams(_Host(None), REAL),
     ):
         judge_by_available_ram(seams, Events())

@@ -70,9 +70,19 @@ class VirtualClock:
 class VirtualServer:
     """One simulated server at a time, restarted per trial, in virtual time."""
 
-    def __init__(self, seed: int = 0, *, noise: bool = True, clock: VirtualClock | None = None):
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        noise: bool = True,
+        clock: VirtualClock | None = None,
+        smi: bool = True,
+    ):
         self.seed = seed
         self.noise = noise
+        #: the host has nvidia-smi (`gpu_memory`): a virtual study plays a GPU host; False
+        #: plays the HTTP simulator's, which has none
+        self.smi = smi
         self.clock = clock or VirtualClock()
         self.process: Process | None = None
         self.starts = 0
@@ -172,7 +182,9 @@ class VirtualServer:
         of the largest prefill batch since start or the last flush (what PyTorch's caching
         allocator keeps reserved); None without a live server."""
         srv, proc = self._srv, self.process
-        if srv is None or proc is None or proc.dead is not None or srv.script.plan is None:
+        if not self.smi or srv is None or proc is None or proc.dead is not None:
+            return None
+        if srv.script.plan is None:
             return None
         total = float(srv.profile.gpu_mem_mib)
         used = total - srv.script.plan.available_gpu_mem_gib * 1024

@@ -10,10 +10,13 @@ export, storage, resume). The server is a `VirtualServer` (no process, no port),
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner.api import STUDY_MAX_LOOP_LAG_MS, Seams, study_requests
+from tuner.capacity.calculus import GB
 from tuner.capacity.models import hardware_of
 from tuner.config.schema import StudyConfig
 from tuner.errors import ConfigError, HostUnreachable, TunerError
@@ -21,7 +24,7 @@ from tuner.loadgen.plan import refill_for, study_load_options
 from tuner.loadgen.result import Cut, LoadResult
 from tuner.loadgen.workload import Request
 from tuner.server.target import Launch
-from tuner.sim.flags import FlagError, parse_flags
+from tuner.sim.flags import DEFAULT_PROFILE, FlagError, parse_flags
 from tuner.sim.profile import load_profile
 from tuner.sim.virtual.load import VirtualRun
 from tuner.sim.virtual.server import SIM_MODULE, VirtualClock, VirtualServer, sim_args
@@ -96,16 +99,18 @@ def check_launch(cfg: StudyConfig) -> None:
 
 
 def virtual_seams(
-    seed: int = 0, *, noise: bool = True, requests: list[Request] | None = None
+    seed: int = 0, *, noise: bool = True, requests: list[Request] | None = None, smi: bool = True
 ) -> SeamsFactory:
     """A factory of virtual seams; `seed` draws each start's noise (same seed, same study).
-    `requests`: the study's request list when the caller built it already (benchmarks)."""
+    `requests`: the study's request list when the caller built it already (benchmarks); `smi`:
+    the host reads its GPU memory as nvidia-smi would (False: as the HTTP simulator's host,
+    which has no nvidia-smi)."""
 
     def build(cfg: StudyConfig, api_key: str | None, marker: str | None = None) -> Seams:
         check_launch(cfg)
         launch = Launch.of(cfg.target)
         clock = VirtualClock()
-        server = VirtualServer(seed, noise=noise, clock=clock)
+        server = VirtualServer(seed, noise=noise, clock=clock, smi=smi)
         listed = study_requests(cfg) if requests is None else requests
         runner = TrialRunner(
             cfg,
@@ -119,6 +124,26 @@ def virtual_seams(
             clock=clock.now,
             sleep=clock.sleep,
         )
-        return Seams(NullHost(), server, runner, launch, n_requests=len(listed))  # type: ignore[arg-type]
+        meminfo = functools.partial(launch_meminfo, launch.template)
+        n = len(listed)
+        return Seams(NullHost(), server, runner, launch, n_requests=n, meminfo=meminfo)  # type: ignore[arg-type]
 
     return build
+
+
+def launch_meminfo(argv: Sequence[str]) -> dict[str, int]:
+    """/proc/meminfo's MemTotal and MemAvailable (bytes) on the host a simulator launch plays:
+    its profile's host RAM, less what the host's other tenants hold (`host_used_gb`); empty
+    when the launch is not the simulator's or its profile does not load (the launch then fails
+    with the simulator's own message)."""
+    args = sim_args(argv)
+    if args is None:
+        return {}
+    given = (b for a, b in itertools.pairwise(args) if a == "--sim-profile")
+    glued = (a.split("=", 1)[1] for a in args if a.startswith("--sim-profile="))
+    name = next(given, None) or next(glued, None)
+    try:
+        p = load_profile(name or DEFAULT_PROFILE)
+    except TunerError:
+        return {}
+    return {"MemTotal": int(p.host_ram_gb * GB), "MemAvailable": int(p.host_available_gb * GB)}
