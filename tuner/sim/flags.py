@@ -170,7 +170,7 @@ def profile_version(profile: str) -> str | None:
     return str(version) if version is not None else None
 
 
-def _given(argv: Sequence[str], flag: str) -> str | None:
+def given_value(argv: Sequence[str], flag: str) -> str | None:
     """The value of `--flag X` / `--flag=X` as written in full (a first guess; prefixes and
     config files are settled by parsing again)."""
     for i, arg in enumerate(argv):
@@ -286,9 +286,9 @@ def parse_flags(argv: Sequence[str]) -> argparse.Namespace:
     """Parse a launch command line (with `--config` expanded) with the played version's table;
     raises FlagError or InputFileError. The namespace carries `sim_sglang_version`."""
     path, rest = _config_path(list(argv))
-    guess = _given(rest, "--sim-sglang-version")
+    guess = given_value(rest, "--sim-sglang-version")
     if guess not in KNOWN_VERSIONS:
-        guess = profile_version(_given(rest, "--sim-profile") or DEFAULT_PROFILE)
+        guess = profile_version(given_value(rest, "--sim-profile") or DEFAULT_PROFILE)
     version = guess if guess in KNOWN_VERSIONS else DEFAULT_VERSION
     for _ in range(2):  # once more if prefixes or the config file named another version
         ns = _parse(version, path, rest)

@@ -11,7 +11,6 @@ export, storage, resume). The server is a `VirtualServer` (no process, no port),
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from tuner.loadgen.plan import refill_for, study_load_options
 from tuner.loadgen.result import Cut, LoadResult
 from tuner.loadgen.workload import Request
 from tuner.server.target import Launch
-from tuner.sim.flags import DEFAULT_PROFILE, FlagError, parse_flags
+from tuner.sim.flags import DEFAULT_PROFILE, FlagError, given_value, parse_flags
 from tuner.sim.profile import load_profile
 from tuner.sim.virtual.load import VirtualRun
 from tuner.sim.virtual.server import SIM_MODULE, VirtualClock, VirtualServer, sim_args
@@ -139,11 +138,8 @@ def launch_meminfo(argv: Sequence[str]) -> dict[str, int]:
     args = sim_args(argv)
     if args is None:
         return {}
-    given = (b for a, b in itertools.pairwise(args) if a == "--sim-profile")
-    glued = (a.split("=", 1)[1] for a in args if a.startswith("--sim-profile="))
-    name = next(given, None) or next(glued, None)
     try:
-        p = load_profile(name or DEFAULT_PROFILE)
+        p = load_profile(given_value(args, "--sim-profile") or DEFAULT_PROFILE)
     except TunerError:
         return {}
     return {"MemTotal": int(p.host_ram_gb * GB), "MemAvailable": int(p.host_available_gb * GB)}
