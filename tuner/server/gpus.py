@@ -9,6 +9,8 @@ from tuner.hosts.base import Host
 from tuner.server.records import GpuInfo, GpuMemory
 
 CSV = "--format=csv,noheader,nounits"
+#: nvidia-smi answers in a second or two; past this the host is in trouble (CommandTimeout)
+SMI_TIMEOUT_S = 30.0
 
 
 def gpu_list(host: Host, nvidia_smi: str) -> tuple[GpuInfo, ...]:
@@ -22,7 +24,7 @@ def memory_in_use(host: Host, nvidia_smi: str) -> GpuMemory | None:
     """The memory the host's GPUs hold now (None when nvidia-smi fails). Every GPU of the host
     counts: another job's memory only makes the mfs ceiling read from it (search/ceiling.py)
     lower, never higher."""
-    res = host.run([nvidia_smi, "--query-gpu=memory.used,memory.total", CSV])
+    res = host.run([nvidia_smi, "--query-gpu=memory.used,memory.total", CSV], timeout=SMI_TIMEOUT_S)
     return gpu_memory_of(res.stdout) if res.ok else None
 
 

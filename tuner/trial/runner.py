@@ -384,10 +384,10 @@ class TrialRunner:
         return measured_outcome(objective, metrics, client_lagged=lagged, tails=tails, **kw)
 
     def _note_gpu_memory(self) -> None:
-        """The GPU memory the live server holds after a run it survived, the most over the
-        trial's runs: the peak a run's activations reached beside the pool (search/ceiling.py)."""
-        read = getattr(self.server, "gpu_memory", None)
-        seen = read() if read is not None else None
+        """The most GPU memory the server held after a run it survived (search/ceiling.py)."""
+        read, seen = getattr(self.server, "gpu_memory", None), None
+        with contextlib.suppress(InfraError):  # a reading lost costs a prediction, not the run
+            seen = read() if read is not None else None
         if seen is not None and (self.gpu_peak is None or seen.used_mib > self.gpu_peak.used_mib):
             self.gpu_peak = seen
 

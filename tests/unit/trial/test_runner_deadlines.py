@@ -15,10 +15,11 @@ import pytest
 from tests.helpers.studies import study_dict
 from tuner.capacity.precheck import Hardware
 from tuner.config.load import parse_study
-from tuner.errors import TrialTimeout
+from tuner.errors import HostUnreachable, TrialTimeout
 from tuner.loadgen.metrics import RequestRecord
 from tuner.outcome import Status
 from tuner.server.lifecycle import ServerDeath, StartResult
+from tuner.server.records import GPU_USED, GpuMemory
 from tuner.trial.runner import HUNG, PHASES, TrialRunner
 
 STUDY = study_dict(
@@ -338,3 +339,22 @@ def test_a_config_the_precheck_rejects_logs_done_only(tmp_path: Path) -> None:
     out = runner.run(1, PARAMS, tmp_path / "b")  # learned: the same mfs cannot start
     assert out.status == Status.REJECTED and server.restarts == 1
     assert _phases(tmp_path / "b") == ["done"]
+
+
+def test_a_gpu_reading_the_link_drops_costs_the_reading_not_the_run(tmp_path: Path) -> None:
+    """nvidia-smi after a run is optional evidence (search/ceiling.py): a dropped link while
+    reading it leaves the measured run as it was, with no reading recorded."""
+    clock, server, _, runner = _setup()
+    readings: list[GpuMemory | Exception] = [HostUnreachable("link dropped")]
+
+    def gpu_memory() -> GpuMemory:
+        got = readings.pop(0) if readings else GpuMemory(70_000.0, 80_000.0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    server.gpu_memory = gpu_memory  # type: ignore[attr-defined]
+    lost = runner.run(0, PARAMS, tmp_path / "0", fresh=True)
+    assert lost.status == Status.OK and GPU_USED not in lost.server_info
+    read = runner.run(1, PARAMS, tmp_path / "1", fresh=True)
+    assert read.status == Status.OK and read.server_info[GPU_USED] == 70_000.0
