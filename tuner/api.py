@@ -98,8 +98,7 @@ class Events:
 
 @dataclass
 class Seams:
-    """The real I/O of a study, built from its file: the host, the server on it, the way to
-    its port, the runner."""
+    """A study's real I/O, built from its file: host, server, the way to its port, runner."""
 
     host: Any
     server: Server | NodesServer
@@ -168,6 +167,7 @@ def build_seams(cfg: StudyConfig, api_key: str | None, marker: str | None = None
         host,
         cfg.target.timeouts,
         endpoint=endpoint,
+        nvidia_smi=launch.nvidia_smi(cfg.target.port),  # the simulator's host: its own
         api_key=api_key,
         marker=marker,
         runtime=runtime,
@@ -412,8 +412,8 @@ def judge_by_available_ram(seams: Seams, events: Events) -> None:
         )
         events.say(
             f"{'simulated ' * seams.launch.simulated}host RAM: {info['MemAvailable'] / GB:.1f} "
-            f"GB of {info['MemTotal'] / GB:.1f} GB "
-            f"available now; HiCache sizes are judged by {now:.1f} GB ({said})"
+            f"GB of {info['MemTotal'] / GB:.1f} GB available now; HiCache sizes are judged by "
+            f"{now:.1f} GB ({said})"
         )
 
 

@@ -1,8 +1,9 @@
 """The host's resources against the study: GPUs (and who holds them), host RAM for HiCache,
 the model path and a speculative draft's, the server's port.
 
-GPU probes run `nvidia-smi` in the launch's environment (its PATH is the server's); a host
-without it (the simulator, a CPU box) gets a warning, not a FAIL.
+GPU probes run `nvidia-smi` in the launch's environment (its PATH is the server's), or for a
+simulator launch the simulator's own (sim/smi.py: the profile's GPUs); a host without it (a CPU
+box) gets a warning, not a FAIL.
 """
 
 from __future__ import annotations
@@ -63,11 +64,21 @@ def parse_apps(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
+def _smi(p: Probe) -> str:
+    """The host's nvidia-smi as a quoted command: the simulator's own for a simulator launch."""
+    return shlex.join(p.launch.nvidia_smi(p.cfg.target.port))
+
+
+def _first(command: str) -> str:
+    return shlex.quote(shlex.split(command)[0])
+
+
 def gpus(p: Probe) -> CheckLine:
     """GPU count, model and memory against target.gpus, TP x DP x PP and hardware.gpu_mem_mib."""
-    res = p.run_env(f"command -v nvidia-smi || exit {_NO_SMI}; nvidia-smi {GPU_QUERY} {CSV}")
+    smi = _smi(p)
+    res = p.run_env(f"command -v {_first(smi)} || exit {_NO_SMI}; {smi} {GPU_QUERY} {CSV}")
     if res.exit_code == _NO_SMI and not res.stdout.strip():
-        return warn("gpus", f"no nvidia-smi on {p.where}: GPUs not checked (simulator or CPU host)")
+        return warn("gpus", f"no nvidia-smi on {p.where}: GPUs not checked (a CPU host?)")
     p.facts["nvidia-smi"] = res.stdout.strip().splitlines()[0] if res.stdout.strip() else ""
     found = parse_gpus(res.stdout) if res.ok else []
     if not found:
@@ -117,7 +128,7 @@ def gpu_processes(p: Probe) -> CheckLine:
     """No process holds GPU memory before the night: a leftover server ruins every trial."""
     if "nvidia-smi" not in p.facts:
         return skip("gpu processes", "no nvidia-smi")
-    res = p.run_env(f"nvidia-smi {APPS_QUERY} {CSV}")
+    res = p.run_env(f"{_smi(p)} {APPS_QUERY} {CSV}")
     if not res.ok:
         return warn("gpu processes", f"nvidia-smi could not list processes ({said(res)})")
     apps = parse_apps(res.stdout)

@@ -5,6 +5,8 @@ Both run on the server's host (a `Host`), where the lifecycle found nvidia-smi.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tuner.hosts.base import Host
 from tuner.server.records import GpuInfo, GpuMemory
 
@@ -13,18 +15,20 @@ CSV = "--format=csv,noheader,nounits"
 SMI_TIMEOUT_S = 30.0
 
 
-def gpu_list(host: Host, nvidia_smi: str) -> tuple[GpuInfo, ...]:
-    """Each GPU's model and memory (empty when nvidia-smi fails)."""
-    res = host.run([nvidia_smi, "--query-gpu=name,memory.total", CSV])
+def gpu_list(host: Host, nvidia_smi: Sequence[str]) -> tuple[GpuInfo, ...]:
+    """Each GPU's model and memory (empty when nvidia-smi fails). `nvidia_smi` is its command
+    (nvidia-smi, or the simulator's: server/target.py `Launch.nvidia_smi`)."""
+    res = host.run([*nvidia_smi, "--query-gpu=name,memory.total", CSV])
     rows = [ln.rpartition(",") for ln in res.stdout.splitlines()] if res.ok else []
     return tuple(GpuInfo(n.strip(), int(float(m))) for n, _, m in rows if n.strip())
 
 
-def memory_in_use(host: Host, nvidia_smi: str) -> GpuMemory | None:
+def memory_in_use(host: Host, nvidia_smi: Sequence[str]) -> GpuMemory | None:
     """The memory the host's GPUs hold now (None when nvidia-smi fails). Every GPU of the host
     counts: another job's memory only makes the mfs ceiling read from it (search/ceiling.py)
     lower, never higher."""
-    res = host.run([nvidia_smi, "--query-gpu=memory.used,memory.total", CSV], timeout=SMI_TIMEOUT_S)
+    query = [*nvidia_smi, "--query-gpu=memory.used,memory.total", CSV]
+    res = host.run(query, timeout=SMI_TIMEOUT_S)
     return gpu_memory_of(res.stdout) if res.ok else None
 
 

@@ -89,7 +89,7 @@ class Server:
         timeouts: Timeouts | None = None,
         *,
         endpoint: Endpoint | None = None,
-        nvidia_smi: str = "nvidia-smi",
+        nvidia_smi: str | Sequence[str] = "nvidia-smi",
         api_key: str | None = None,
         marker: str | None = None,
         tail_lines: int = 40,
@@ -101,7 +101,7 @@ class Server:
         self.host = host
         self.timeouts = timeouts or Timeouts()
         self.endpoint = endpoint or DirectEndpoint(host.address)
-        self.nvidia_smi = nvidia_smi
+        self.nvidia_smi = (nvidia_smi,) if isinstance(nvidia_smi, str) else tuple(nvidia_smi)
         self.api_key = api_key
         self.marker = marker
         self.tail_lines = tail_lines
@@ -265,7 +265,7 @@ class Server:
     def gpus(self) -> tuple[GpuInfo, ...]:
         """GPU model and memory from nvidia-smi (empty without nvidia-smi); read once."""
         if self._gpus is None:
-            found = not self.runtime.remote and self.host.which(self.nvidia_smi)
+            found = not self.runtime.remote and self.host.which(self.nvidia_smi[0])
             self._gpus = gpu_list(self.host, self.nvidia_smi) if found else ()
         return self._gpus
 
@@ -468,7 +468,7 @@ class Server:
 
         def released() -> bool:
             res = self.host.run(
-                [self.nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"]
+                [*self.nvidia_smi, "--query-compute-apps=pid", "--format=csv,noheader,nounits"]
             )
             return res.ok and not (old & {ln.strip() for ln in res.stdout.splitlines()})
 

@@ -19,6 +19,7 @@ from tuner.hosts.local import LocalHost
 from tuner.hosts.ssh import SSHHost, SSHOptions, _resolve
 from tuner.server.container import DEFAULT_LAUNCH
 from tuner.server.endpoint import DirectEndpoint, Endpoint, TunnelEndpoint
+from tuner.sglang.flags import given_value
 
 
 def is_local(target: TargetSection) -> bool:
@@ -68,6 +69,10 @@ def env_secret(name: str | None, key: str, file: str | None = None) -> str | Non
 SIM_MODULE = "tuner.sim"
 
 
+#: the simulated host's nvidia-smi (`Launch.nvidia_smi`)
+SIM_SMI_MODULE = "tuner.sim.smi"
+
+
 def sim_args(argv: Sequence[str]) -> list[str] | None:
     """The simulator's own arguments in a launch argv (after `-m tuner.sim`), or None."""
     for i in range(len(argv) - 1):
@@ -101,6 +106,17 @@ class Launch:
     def simulated(self) -> bool:
         """The server is tuner's simulator: its GPUs and host RAM are its profile's."""
         return sim_args(self.template) is not None
+
+    def nvidia_smi(self, port: int) -> tuple[str, ...]:
+        """The command that reads the host's GPUs: nvidia-smi, or for tuner's simulator serving
+        `port` its simulated nvidia-smi (sim/smi.py), run by the launch's own Python."""
+        argv = self.template
+        for i in range(1, len(argv) - 1):
+            if argv[i] == "-m" and argv[i + 1] == SIM_MODULE:
+                profile = given_value(argv[i + 2 :], "--sim-profile")
+                named = ("--sim-profile", profile) if profile else ()
+                return (argv[i - 1], "-m", SIM_SMI_MODULE, *named, "--sim-port", str(port))
+        return ("nvidia-smi",)
 
     @property
     def marker(self) -> str:

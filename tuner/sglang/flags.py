@@ -17,7 +17,7 @@ Errors are `ConfigError`s (tuner.errors): `UnknownVersionError` for a version wi
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from itertools import pairwise
 from typing import Any
@@ -339,3 +339,14 @@ def add_to_parser(parser: argparse.ArgumentParser, version: str = DEFAULT_VERSIO
     store_true, BooleanOptionalAction, nargs, aliases as extra option strings, SGLang's dests)."""
     for flag in flags_for(version).values():
         flag.add_to(parser)
+
+
+def given_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of `--flag X` / `--flag=X` as written in full (a first guess; prefixes and
+    config files are settled by parsing again)."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None

@@ -39,6 +39,7 @@ from tuner.sglang.flags import (
     KNOWN_VERSIONS,
     add_to_parser,
     flags_for,
+    given_value,
     server_fields,
 )
 from tuner.sim.faultspec import add_fault_flags
@@ -168,17 +169,6 @@ def profile_version(profile: str) -> str | None:
         return None
     version = raw.get("version") if isinstance(raw, dict) else None
     return str(version) if version is not None else None
-
-
-def given_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of `--flag X` / `--flag=X` as written in full (a first guess; prefixes and
-    config files are settled by parsing again)."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _config_path(argv: Sequence[str]) -> tuple[str | None, list[str]]:

@@ -108,6 +108,17 @@ class MemoryPlan:
         return self.avail_after_kv_gib - self.req_to_token_gib - self.graph_gib
 
 
+def smi_used_mib(profile: Profile, plan: MemoryPlan, peak_prefill_tokens: int) -> float:
+    """What nvidia-smi's memory.used reads on the server's busiest GPU: everything start-up
+    placed (all but what the plan leaves available: context, weights, pool, graphs, a draft)
+    and the activations of the largest prefill batch since start or the last flush, which
+    PyTorch's caching allocator keeps reserved until `/flush_cache` empties it."""
+    used = profile.gpu_mem_mib - plan.available_gpu_mem_gib * 1024
+    if peak_prefill_tokens > 0:
+        used += profile.graph_memory.activation_mib(peak_prefill_tokens)
+    return used
+
+
 def plan_memory(
     profile: Profile,
     *,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -98,7 +99,8 @@ def assert_all_ok(out: subprocess.CompletedProcess, first_host_line: str) -> Non
     assert FAIL not in statuses.values(), out.stdout
     for name in ("study", first_host_line, "shell", "sglang", "flags", "port", "http path"):
         assert statuses.get(name) == OK, out.stdout
-    assert statuses["gpus"] == WARN  # no GPU here: a warning, not a FAIL
+    # the simulator's host lists its profile's GPUs through the simulated nvidia-smi
+    assert statuses["gpus"] == OK and statuses["gpu processes"] == OK, out.stdout
 
 
 def printed(stdout: str) -> dict[str, str]:
@@ -262,10 +264,12 @@ def test_port_held_by_a_server_this_runs_folder_left(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("where", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
 def test_gpu_already_held(tmp_path: Path, where: str, request: pytest.FixtureRequest) -> None:
-    """target.env's PATH reaches the probes (over SSH too): the fake nvidia-smi answers."""
+    """target.env's PATH reaches the probes (over SSH too): the fake nvidia-smi answers a
+    GPU host's launch (a simulator launch reads the simulator's own: sim/smi.py)."""
     bin_dir = fake_bin(tmp_path, "nvidia-smi", FAKE_NVIDIA_SMI)
     study = study_file(tmp_path, "check-gpu")
     target: dict = {"env": {"PATH": f"{bin_dir}:{os.environ['PATH']}"}}
+    target["launch"] = ["python3", "-m", "sglang.launch_server"]
     if where == "ssh":
         target.update(ssh_target(request.getfixturevalue("sshd_server"), tmp_path))
     lines = run_checks(edit(study, target=target), keys={"ssh", "shell", "gpus", "gpu processes"})
@@ -273,6 +277,17 @@ def test_gpu_already_held(tmp_path: Path, where: str, request: pytest.FixtureReq
     assert failed.name == "gpu processes" and "PID 4242 (python3, 70000 MiB)" in failed.detail
     gpus = by_name(lines)["gpus"]
     assert gpus.status == WARN and "NVIDIA H100" in gpus.detail  # 11000 of 81559 MiB free
+
+
+def test_a_gpu_hosts_launch_without_nvidia_smi_warns(tmp_path: Path) -> None:
+    """A launch that is not the simulator reads the host's nvidia-smi; none here: a warning."""
+    assert shutil.which("nvidia-smi") is None  # this machine has no GPU
+    study = edit(
+        study_file(tmp_path, "check-cpu"),
+        target={"launch": ["python3", "-m", "sglang.launch_server"]},
+    )
+    gpus = by_name(run_checks(study, keys={"ssh", "gpus"}))["gpus"]
+    assert gpus.status == WARN and "no nvidia-smi" in gpus.detail, gpus.detail
 
 
 # --- `tuner tune` refuses the night ------------------------------------------------------

@@ -33,6 +33,7 @@ from tuner.server.gpus import gpu_memory_of
 from tuner.server.launch import LaunchSpec
 from tuner.server.lifecycle import Server
 from tuner.server.records import GpuMemory
+from tuner.server.target import Launch
 
 FAKE = str(HELPERS / "fake_sglang.py")
 FAST = Timeouts(ready_s=20, stop_s=5, port_free_s=3, gpu_free_s=5, poll_s=0.05, http_s=2)
@@ -111,6 +112,28 @@ def test_start_ready_verify_restart_stop(tracker: Tracker, tmp_path: Path) -> No
     assert tracker.server.stop() > 0
     assert not alive(tracker.server)
     assert_group_gone(r2.pgid)
+
+
+def test_the_simulators_host_reads_its_gpus_as_nvidia_smi(any_host: Host, tmp_path: Path) -> None:
+    """A simulator launch's host has the simulated nvidia-smi (Launch.nvidia_smi): the GPU
+    facts, the memory in use while it serves, and the stop's wait until its pid holds none."""
+    port = free_port()
+    launch = Launch((sys.executable, "-m", "tuner.sim", "--sim-profile", "llama-3.1-8b-h100"), {})
+    t = Tracker(any_host, tmp_path, nvidia_smi=launch.nvidia_smi(port))
+    try:
+        res = t.restart(sim_spec(port, "--mem-fraction-static", "0.85"))
+        assert res.ok, res
+        assert [(g.name, g.memory_total_mib) for g in res.gpus] == [
+            ("NVIDIA H100 80GB HBM3", 81559)
+        ]
+        reading = t.server.gpu_memory()
+        assert reading is not None and reading.total_mib == 81559.0
+        assert 0.85 * 81559 < reading.used_mib < 81559  # the pool, weights, graphs, a warm-up
+        t.server.stop()  # waits until nvidia-smi lists none of its pids
+        assert_group_gone(res.pgid)
+        assert t.server.gpu_memory() == GpuMemory(0.0, 81559.0)
+    finally:
+        t.cleanup()
 
 
 @pytest.mark.parametrize(

@@ -329,6 +329,8 @@ async def flush_cache(request: web.Request) -> web.Response:
     """POST /flush_cache: refused (400) while requests are pending."""
     srv = backend(request)
     ok = srv.engine is not None and srv.engine.flush_cache()
+    if ok:  # PyTorch's cache emptied: nvidia-smi reads less (sim/gpustate.py)
+        srv.note_gpu()
     return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
 
 

@@ -25,7 +25,6 @@ import os
 import random
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -37,9 +36,11 @@ from tuner.sim.engine import DPEngine, Engine, EngineOOM, TokenEvent
 from tuner.sim.faults import Faults
 from tuner.sim.faultspec import FaultSpec
 from tuner.sim.flags import server_args_dict
+from tuner.sim.http.gpumeter import GpuMeter
 from tuner.sim.http.native import add_routes
 from tuner.sim.http.promtext import Histograms
 from tuner.sim.http.reqstate import ReqState
+from tuner.sim.http.simlog import Log
 from tuner.sim.http.world import PeerLost, World, print_join_failure, watch_world
 from tuner.sim.profile import Profile
 from tuner.sim.startup import (
@@ -54,38 +55,6 @@ from tuner.sim.startup import (
 MAX_LAG_S = 0.5
 #: how long to wait when a step did nothing (work queued that cannot be scheduled yet)
 IDLE_STALL_S = 0.01
-
-
-class Log:
-    """SGLang's log format on one stream: `[%Y-%m-%d %H:%M:%S TP0] text`, flushed per line.
-
-    Under DP attention each group's scheduler writes its own lines as `DP<g> TP<t>`, t the
-    group's first GPU (0.5.6.post2 managers/scheduler.py:2635-2645, 0.5.23 :6279-6290);
-    start-up lines are group 0's.
-    """
-
-    def __init__(self, stream: TextIO, tp: int, dp_groups: int = 1):
-        self.stream = stream
-        self.tp = tp
-        self.dp_groups = dp_groups
-        self.tag = self._tag(0)
-
-    def _tag(self, group: int) -> str:
-        tp = f" TP{group * (self.tp // self.dp_groups)}" if self.tp > 1 else ""
-        return f" DP{group}{tp}" if self.dp_groups > 1 else tp
-
-    def __call__(
-        self, text: str, scheduler: bool = False, raw: bool = False, group: int | None = None
-    ) -> None:
-        if raw:
-            line = text
-        else:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            tag = (self.tag if group is None else self._tag(group)) if scheduler else ""
-            line = f"[{stamp}{tag}] {text}"
-        with contextlib.suppress(ValueError, OSError):
-            self.stream.write(line + "\n")
-            self.stream.flush()
 
 
 class SimServer:
@@ -123,6 +92,7 @@ class SimServer:
         self._fault_tasks: list[asyncio.Task] = []
         #: the torch.distributed world of a server across nodes (--nnodes > 1), else None
         self.world: World | None = None
+        self.gpu: GpuMeter | None = None  # what the simulated nvidia-smi reads, while serving
         if ns.nnodes > 1 and script.failure is None:
             self.world = World(ns, self.log)
             self.log.tag = f" TP{self.world.first_rank}"  # this node's first scheduler rank
@@ -271,6 +241,9 @@ class SimServer:
         )
         engine = self.engine = self.engine_factory()
         self.state = "loaded"
+        if self.world is None and self.plan is not None:  # one host's GPUs: one node's server
+            self.gpu = GpuMeter(self.ns.port, self.profile, self.plan, self.ns.tp_size)
+        self.note_gpu()
         loop_task = asyncio.create_task(self._engine_loop(engine))
         try:
             if not self.ns.skip_server_warmup:
@@ -297,6 +270,8 @@ class SimServer:
             for task in (loop_task, *self._fault_tasks):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self.gpu is not None:
+                self.gpu.close()
 
     def _draining_line(self) -> None:
         """SGLang's sigterm_watchdog line (tokenizer_manager.py), as it drains and at the end."""
@@ -396,6 +371,12 @@ class SimServer:
             now = loop.time()
             for ev in step.events:
                 self._deliver(ev, now)
+            self.note_gpu()
+
+    def note_gpu(self) -> None:
+        """Publish what nvidia-smi would read now (after a step, a flush)."""
+        if self.gpu is not None and self.engine is not None:
+            self.gpu.note(self.engine.peak_prefill_tokens)
 
     def _deliver(self, ev: TokenEvent, now: float) -> None:
         st = self.requests.get(ev.rid)

@@ -39,6 +39,7 @@ from tuner.sim.bootstrap import engine_params
 from tuner.sim.engine import DPEngine, Engine, EngineOOM, StepTimeModel, new_engine
 from tuner.sim.flags import FlagError, parse_flags
 from tuner.sim.http.server import SimServer
+from tuner.sim.memplan import smi_used_mib
 from tuner.sim.profile import Profile, load_profile
 from tuner.sim.startup import Script, build_script
 from tuner.sim.virtual.load import Process
@@ -80,8 +81,8 @@ class VirtualServer:
     ):
         self.seed = seed
         self.noise = noise
-        #: the host has nvidia-smi (`gpu_memory`): a virtual study plays a GPU host; False
-        #: plays the HTTP simulator's, which has none
+        #: the host has nvidia-smi (`gpu_memory`), as a GPU host and the HTTP simulator's
+        #: (sim/smi.py) have; False plays a host without it
         self.smi = smi
         self.clock = clock or VirtualClock()
         self.process: Process | None = None
@@ -186,12 +187,8 @@ class VirtualServer:
             return None
         if srv.script.plan is None:
             return None
-        total = float(srv.profile.gpu_mem_mib)
-        used = total - srv.script.plan.available_gpu_mem_gib * 1024
-        peak = proc.engine.peak_prefill_tokens
-        if peak > 0:
-            used += srv.profile.graph_memory.activation_mib(peak)
-        return GpuMemory(round(used, 1), total)
+        used = smi_used_mib(srv.profile, srv.script.plan, proc.engine.peak_prefill_tokens)
+        return GpuMemory(round(used, 1), float(srv.profile.gpu_mem_mib))
 
     def responsive(self, timeout_s: float) -> bool:
         """A live virtual server always answers /health."""

@@ -102,8 +102,8 @@ def virtual_seams(
 ) -> SeamsFactory:
     """A factory of virtual seams; `seed` draws each start's noise (same seed, same study).
     `requests`: the study's request list when the caller built it already (benchmarks); `smi`:
-    the host reads its GPU memory as nvidia-smi would (False: as the HTTP simulator's host,
-    which has no nvidia-smi)."""
+    the host reads its GPU memory as nvidia-smi would, as a GPU host and the HTTP simulator's
+    do (False: a host without nvidia-smi)."""
 
     def build(cfg: StudyConfig, api_key: str | None, marker: str | None = None) -> Seams:
         check_launch(cfg)

@@ -34,11 +34,9 @@ AGREE = 0.25
 def test_virtual_and_http_studies_propose_the_same_trials_and_agree(tmp_path: Path) -> None:
     cfg = load_study(study_file(tmp_path, name="agree", n_trials=3))
     real = tune(cfg, runs_dir=tmp_path / "http", seed=11)
-    # the HTTP simulator's host has no nvidia-smi: the virtual one plays that host too, so the
-    # edge probe reads no GPU memory on either side (search/ceiling.py)
-    virtual = tune(
-        cfg, runs_dir=tmp_path / "virtual", seed=11, make_seams=virtual_seams(11, smi=False)
-    )
+    # both hosts read GPU memory as nvidia-smi would (the HTTP simulator's through its
+    # simulated nvidia-smi): the edge probe jumps alike on both (search/ceiling.py)
+    virtual = tune(cfg, runs_dir=tmp_path / "virtual", seed=11, make_seams=virtual_seams(11))
     a, b = completed(real.study), completed(virtual.study)
     assert [t.params for t in a] == [t.params for t in b]
     assert [t.user_attrs[Attr.STATUS] for t in a] == [t.user_attrs[Attr.STATUS] for t in b]
@@ -66,7 +64,7 @@ def test_virtual_and_http_studies_propose_the_same_trials_and_agree(tmp_path: Pa
             runs_dir=tmp_path / "http",
             n_trials=10,
             seed=11,
-            make_seams=virtual_seams(11, smi=False),
+            make_seams=virtual_seams(11),
         )
 
 
@@ -78,10 +76,8 @@ def test_inner_search_agrees_between_virtual_and_http(tmp_path: Path) -> None:
     data["space"]["concurrency"]["search"] = "inner"
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     cfg = load_study(study)
-    real = tune(cfg, runs_dir=tmp_path / "http", seed=11)  # no nvidia-smi on either host
-    virtual = tune(
-        cfg, runs_dir=tmp_path / "virtual", seed=11, make_seams=virtual_seams(11, smi=False)
-    )
+    real = tune(cfg, runs_dir=tmp_path / "http", seed=11)  # nvidia-smi on both hosts
+    virtual = tune(cfg, runs_dir=tmp_path / "virtual", seed=11, make_seams=virtual_seams(11))
     a, b = completed(real.study), completed(virtual.study)
     assert [t.params for t in a] == [t.params for t in b]
     assert all("concurrency" not in t.params for t in a)
