@@ -18,8 +18,6 @@ every judgment), and the final score over the first projection (min and max).
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,14 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.*
     sys.path.insert(0, str(REPO))
 
-from tests.bench import bench_gpuhours as g  # noqa: E402  (registers kimi-90)
-from tests.bench import bench_search as bs  # noqa: E402
-from tests.bench.bench_ttft_cut import GRID  # noqa: E402
+from tests.bench import bench_ttft_cut as cut  # noqa: E402  (its grid and replay loop)
 from tuner.loadgen.result import LoadProgress  # noqa: E402
 from tuner.search.cut import DRIFT, Cutter  # noqa: E402
-from tuner.server.launch import build_launch  # noqa: E402
-from tuner.sim.virtual.server import VirtualServer  # noqa: E402
-from tuner.sim.virtual.study import VirtualLoad  # noqa: E402
 from tuner.trial.runner import score_load  # noqa: E402
 
 pytestmark = pytest.mark.bench
@@ -66,17 +59,10 @@ class Tally:
 
 
 def replay(case: str, seeds: int) -> Tally:
-    cfg = g.study_cfg(case, "curve", True)
-    requests = bs.requests_of(case)
-    window = cfg.workload.duration_s
-    assert window, f"{case}: needs a window"
     tally = Tally(case)
-    mfss, concurrencies = GRID[case]
-    for mfs, c, seed in itertools.product(mfss, concurrencies, range(seeds)):
-        server = VirtualServer(seed, noise=True)
-        flags = {**cfg.server, "mem-fraction-static": mfs}
-        if not server.restart(build_launch(cfg.target.launch, flags, cfg.target.port), "-").ok:
-            continue
+    for cfg, load, _, c, _ in cut.started(case, seeds):
+        window = cfg.workload.duration_s
+        assert window, f"{case}: needs a window"
         rule = Cutter(None, window, c)
         seen: list[tuple[float, int, float, float]] = []  # (t, tokens, rate, projected)
 
@@ -84,16 +70,10 @@ def replay(case: str, seeds: int) -> Tally:
             got = rule.project(p)
             if got is not None and rule.full is not None:
                 since, base, _, _ = rule.full
-                seen.append(
-                    (
-                        p.elapsed_s,
-                        p.output_tokens,
-                        (p.output_tokens - base) / (p.elapsed_s - since),
-                        got[0],
-                    )
-                )
+                rate = (p.output_tokens - base) / (p.elapsed_s - since)
+                seen.append((p.elapsed_s, p.output_tokens, rate, got[0]))
 
-        result = VirtualLoad(server, cfg, requests)("virtual", {"concurrency": c}, cut=listen)
+        result = load("virtual", {"concurrency": c}, cut=listen)
         final = score_load(result, cfg.objective.slo).get("window_output_throughput") or 0.0
         tally.runs += 1
         for i, (t, tokens, rate, projected) in enumerate(seen):
@@ -109,26 +89,13 @@ def replay(case: str, seeds: int) -> Tally:
     return tally
 
 
-def bench(cases: Sequence[str], seeds: int) -> list[Tally]:
-    out = []
-    for case in cases:
-        tally = replay(case, seeds)
-        print(tally.line(), flush=True)
-        out.append(tally)
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", default=",".join(GRID), help=f"comma-separated: {','.join(GRID)}")
-    p.add_argument("--seeds", type=int, default=2, help="noisy starts per (pool, concurrency)")
-    a = p.parse_args(argv)
-    bench(a.cases.split(","), a.seeds)
+    cut.main(argv, replay, __doc__ or "", seeds=2)
 
 
 def test_bench_projection() -> None:
     """tight, 1 seed: the rest of a window never ran faster than the score cut allows."""
-    (tally,) = bench(["tight"], 1)
+    (tally,) = cut.bench(["tight"], 1, replay)
     assert tally.runs > 0 and all(r <= 1 + DRIFT for r in tally.rest_first)
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,7 @@ if str(REPO) not in sys.path:  # run as a script: the helpers import as tests.*
 
 from tests.bench import bench_gpuhours as g  # noqa: E402  (registers kimi-90)
 from tests.bench import bench_search as bs  # noqa: E402
+from tuner.config.schema import StudyConfig  # noqa: E402
 from tuner.loadgen.result import LoadProgress  # noqa: E402
 from tuner.search.cut import Cutter  # noqa: E402
 from tuner.server.launch import build_launch  # noqa: E402
@@ -72,19 +74,25 @@ class Tally:
         )
 
 
-def replay(case: str, seeds: int) -> Tally:
+def started(case: str, seeds: int) -> Iterator[tuple[StudyConfig, VirtualLoad, float, int, int]]:
+    """Each cell of the case's grid on a started virtual server (noisy, one start per seed):
+    (study config, its load on that server, mfs, concurrency, seed)."""
     cfg = g.study_cfg(case, "curve", True)
     requests = bs.requests_of(case)
-    limit = cfg.objective.slo.p99_ttft_ms
-    window = cfg.workload.duration_s
-    assert limit and window, f"{case}: needs a p99 TTFT limit and a window"
-    tally = Tally(case)
     mfss, concurrencies = GRID[case]
     for mfs, c, seed in itertools.product(mfss, concurrencies, range(seeds)):
         server = VirtualServer(seed, noise=True)
         flags = {**cfg.server, "mem-fraction-static": mfs}
-        if not server.restart(build_launch(cfg.target.launch, flags, cfg.target.port), "-").ok:
-            continue
+        if server.restart(build_launch(cfg.target.launch, flags, cfg.target.port), "-").ok:
+            yield cfg, VirtualLoad(server, cfg, requests), mfs, c, seed
+
+
+def replay(case: str, seeds: int) -> Tally:
+    tally = Tally(case)
+    for cfg, load, mfs, c, seed in started(case, seeds):
+        limit = cfg.objective.slo.p99_ttft_ms
+        window = cfg.workload.duration_s
+        assert limit and window, f"{case}: needs a p99 TTFT limit and a window"
         rule = Cutter(None, window, c, limit)
         at: list[float] = []
 
@@ -92,7 +100,7 @@ def replay(case: str, seeds: int) -> Tally:
             if not at and rule.cut(p) is not None:
                 at.append(p.elapsed_s)
 
-        result = VirtualLoad(server, cfg, requests)("virtual", {"concurrency": c}, cut=listen)
+        result = load("virtual", {"concurrency": c}, cut=listen)
         p99 = (score_load(result, cfg.objective.slo).get("p99_ttft_ms") or 0.0) / limit
         if p99 <= 1:
             tally.held += 1
@@ -103,21 +111,29 @@ def replay(case: str, seeds: int) -> Tally:
     return tally
 
 
-def bench(cases: Sequence[str], seeds: int) -> list[Tally]:
+def bench(
+    cases: Sequence[str], seeds: int, replay_case: Callable[[str, int], Any] = replay
+) -> list:
+    """Each case's tally, printed as it is done."""
     out = []
     for case in cases:
-        tally = replay(case, seeds)
+        tally = replay_case(case, seeds)
         print(tally.line(), flush=True)
         out.append(tally)
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(
+    argv: Sequence[str] | None = None,
+    replay_case: Callable[[str, int], Any] = replay,
+    doc: str = __doc__ or "",
+    seeds: int = 3,
+) -> None:
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(GRID), help=f"comma-separated: {','.join(GRID)}")
-    p.add_argument("--seeds", type=int, default=3, help="noisy starts per (pool, concurrency)")
+    p.add_argument("--seeds", type=int, default=seeds, help="noisy starts per (pool, concurrency)")
     a = p.parse_args(argv)
-    bench(a.cases.split(","), a.seeds)
+    bench(a.cases.split(","), a.seeds, replay_case)
 
 
 def test_bench_ttft_cut() -> None:
