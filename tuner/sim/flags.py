@@ -43,9 +43,8 @@ from tuner.sglang.flags import (
     server_fields,
 )
 from tuner.sim.faultspec import add_fault_flags
-from tuner.sim.profile import resolve_profile_path
+from tuner.sim.profile import DEFAULT_PROFILE, resolve_profile_path
 
-DEFAULT_PROFILE = "llama-3.1-8b-h100"
 DEFAULT_STARTUP_SECONDS = 1.5
 
 #: ServerArgs fields (namespace dests) that change what the simulator models; the rest are

@@ -19,6 +19,8 @@ from tuner.errors import ConfigError, InputFileError
 from tuner.sim.levers import DPAttentionCosts, DraftProfile, parse_dp_attention, parse_speculative
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
+#: the profile `--sim-profile` defaults to (the demo's)
+DEFAULT_PROFILE = "llama-3.1-8b-h100"
 MODEL_CONFIGS_DIR = Path(__file__).parent.parent / "model_configs"
 
 

@@ -21,9 +21,8 @@ import sys
 from collections.abc import Sequence
 
 from tuner.errors import TunerError
-from tuner.sim.flags import DEFAULT_PROFILE
 from tuner.sim.gpustate import GpuState, read_state
-from tuner.sim.profile import Profile, load_profile
+from tuner.sim.profile import DEFAULT_PROFILE, Profile, load_profile
 
 GPU_FIELDS = ("index", "name", "memory.used", "memory.total", "memory.free")
 APP_FIELDS = ("pid", "process_name", "used_memory", "used_gpu_memory")
