@@ -7,7 +7,8 @@ simulator keeps one small JSON file per port in a directory of this machine's te
 per user): its pid, how many GPUs it uses and what nvidia-smi's memory.used would read on each.
 The file is rewritten (atomically: a rename) whenever the reading changes, which is when a larger
 prefill batch ran or a flush emptied the cache, and removed when the process ends. A file whose
-pid is gone (a SIGKILLed simulator) is ignored, as nvidia-smi forgets a dead process.
+pid is gone (a SIGKILLed simulator) is ignored, as nvidia-smi forgets a dead process, and removed
+by the next simulator that starts serving (`sweep_stale`).
 
 The port names the file because only one process can serve a port: two studies on one machine
 (the test suite's parallel workers) never read each other's server.
@@ -59,6 +60,18 @@ def remove_state(port: int, pid: int) -> None:
     if got is not None and got.pid == pid:
         with contextlib.suppress(OSError):
             state_path(port).unlink()
+
+
+def sweep_stale() -> int:
+    """Remove the files of simulators that are gone (SIGKILLed: nobody removed theirs); how
+    many. A starting simulator calls it once, so killed ones do not pile up in the temp dir."""
+    gone = 0
+    for path in state_dir().glob("*.json"):
+        if path.stem.isdigit() and read_state(int(path.stem)) is None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                gone += 1
+    return gone
 
 
 def read_state(port: int, *, alive_only: bool = True) -> GpuState | None:

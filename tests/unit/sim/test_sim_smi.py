@@ -15,7 +15,14 @@ import pytest
 from tuner.server.gpus import gpu_memory_of
 from tuner.server.target import Launch
 from tuner.sim import smi
-from tuner.sim.gpustate import GpuState, read_state, remove_state, state_path, write_state
+from tuner.sim.gpustate import (
+    GpuState,
+    read_state,
+    remove_state,
+    state_path,
+    sweep_stale,
+    write_state,
+)
 from tuner.sim.profile import load_profile
 
 H100 = load_profile("llama-3.1-8b-h100")
@@ -106,6 +113,9 @@ def test_a_dead_or_zombie_simulators_state_is_ignored() -> None:
     finally:
         child.wait()
     assert read_state(30124) is None  # reaped: gone
+    write_state(30125, GpuState(os.getpid(), 1, 1000.0))  # a live one stays
+    assert sweep_stale() == 1
+    assert not state_path(30124).exists() and state_path(30125).exists()
     state_path(30124).write_text("{not json")
     assert read_state(30124) is None
 

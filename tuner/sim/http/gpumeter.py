@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from tuner.sim.gpustate import GpuState, remove_state, write_state
+from tuner.sim.gpustate import GpuState, remove_state, sweep_stale, write_state
 from tuner.sim.memplan import MemoryPlan, smi_used_mib
 from tuner.sim.profile import Profile
 
@@ -22,6 +22,8 @@ class GpuMeter:
         self.port, self.profile, self.plan, self.gpus = port, profile, plan, max(gpus, 1)
         self.pid = os.getpid()
         self._peak: int | None = None
+        with contextlib.suppress(OSError):
+            sweep_stale()
 
     def note(self, peak_prefill_tokens: int) -> None:
         """Publish the reading if the peak moved (an OSError costs the reading, never the

@@ -84,6 +84,8 @@ def test_a_killed_simulator_holds_nothing() -> None:
         proc.wait(30)
         assert state_path(proc.port).exists()  # nobody removed it: its pid is gone
         assert pids(proc.port) == [] and used(proc.port) == 0
+        with sim_server("--sim-profile", PROFILE):  # the next simulator sweeps it
+            assert not state_path(proc.port).exists()
     finally:
         proc.kill()
         state_path(proc.port).unlink(missing_ok=True)
