@@ -15,6 +15,7 @@ import pytest
 from tuner.server.gpus import gpu_memory_of
 from tuner.server.target import Launch
 from tuner.sim import smi
+from tuner.sim.flags import parse_flags
 from tuner.sim.gpustate import (
     GpuState,
     read_state,
@@ -23,7 +24,10 @@ from tuner.sim.gpustate import (
     sweep_stale,
     write_state,
 )
+from tuner.sim.http.gpumeter import GpuMeter
+from tuner.sim.memplan import smi_used_mib
 from tuner.sim.profile import load_profile
+from tuner.sim.startup import build_script
 
 H100 = load_profile("llama-3.1-8b-h100")
 KIMI = load_profile("kimi-k2.5-tp8")
@@ -144,3 +148,25 @@ def _wait_exit(pid: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"{pid} did not exit")
+
+
+def test_the_meter_writes_when_the_peak_moves_and_retries_a_failed_write(tmp_path: Path) -> None:
+    ns = parse_flags(["--model-path", "m", "--sim-profile", "llama-3.1-8b-h100"])
+    plan = build_script(ns, H100).plan
+    assert plan is not None
+    meter = GpuMeter(30126, H100, plan, 1)
+    meter.note(0)
+    placed = read_state(30126)
+    assert placed is not None and placed.used_mib == round(smi_used_mib(H100, plan, 0), 1)
+    blocked = state_path(30126).parent
+    meter.close()
+    blocked.rmdir()
+    blocked.write_text("a file where the directory goes")  # every write fails now
+    meter.note(4000)
+    blocked.unlink()
+    meter.note(4000)  # the same peak: written now, not skipped as already published
+    got = read_state(30126)
+    assert got is not None and got.used_mib == round(smi_used_mib(H100, plan, 4000), 1)
+    assert got.used_mib > placed.used_mib
+    meter.close()
+    assert read_state(30126, alive_only=False) is None

@@ -30,10 +30,12 @@ class GpuMeter:
         server: a real server does not depend on nvidia-smi)."""
         if peak_prefill_tokens == self._peak:
             return
-        self._peak = peak_prefill_tokens
         used = smi_used_mib(self.profile, self.plan, peak_prefill_tokens)
-        with contextlib.suppress(OSError):
+        try:
             write_state(self.port, GpuState(self.pid, self.gpus, round(used, 1)))
+        except OSError:
+            return  # written at the next step's note: a stale file would read too little
+        self._peak = peak_prefill_tokens
 
     def close(self) -> None:
         remove_state(self.port, self.pid)
