@@ -64,19 +64,17 @@ def parse_apps(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def _smi(p: Probe) -> str:
-    """The host's nvidia-smi as a quoted command: the simulator's own for a simulator launch."""
-    return shlex.join(p.launch.nvidia_smi(p.cfg.target.port))
-
-
-def _first(command: str) -> str:
-    return shlex.quote(shlex.split(command)[0])
+def _smi(p: Probe) -> tuple[str, str]:
+    """The host's nvidia-smi (the simulator's own for a simulator launch) as a quoted command,
+    and its program quoted alone (for `command -v`)."""
+    argv = p.launch.nvidia_smi(p.cfg.target.port)
+    return shlex.join(argv), shlex.quote(argv[0])
 
 
 def gpus(p: Probe) -> CheckLine:
     """GPU count, model and memory against target.gpus, TP x DP x PP and hardware.gpu_mem_mib."""
-    smi = _smi(p)
-    res = p.run_env(f"command -v {_first(smi)} || exit {_NO_SMI}; {smi} {GPU_QUERY} {CSV}")
+    smi, program = _smi(p)
+    res = p.run_env(f"command -v {program} || exit {_NO_SMI}; {smi} {GPU_QUERY} {CSV}")
     if res.exit_code == _NO_SMI and not res.stdout.strip():
         return warn("gpus", f"no nvidia-smi on {p.where}: GPUs not checked (a CPU host?)")
     p.facts["nvidia-smi"] = res.stdout.strip().splitlines()[0] if res.stdout.strip() else ""
@@ -128,7 +126,7 @@ def gpu_processes(p: Probe) -> CheckLine:
     """No process holds GPU memory before the night: a leftover server ruins every trial."""
     if "nvidia-smi" not in p.facts:
         return skip("gpu processes", "no nvidia-smi")
-    res = p.run_env(f"{_smi(p)} {APPS_QUERY} {CSV}")
+    res = p.run_env(f"{_smi(p)[0]} {APPS_QUERY} {CSV}")
     if not res.ok:
         return warn("gpu processes", f"nvidia-smi could not list processes ({said(res)})")
     apps = parse_apps(res.stdout)
