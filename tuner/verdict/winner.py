@@ -78,8 +78,8 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
     luck: a configuration that misses on 1 start in 4 keeps its SLOs 3 times in 4); and 0.0 for
     one whose runs miss an SLO pooled. A candidate whose runs all held, but whose p99s sit so
     near a limit that the noise may put the truth above it, ranks by its mean times its odds of
-    holding over ODDS_STEADY (verdict.tails: 0.98 of a limit over 3 runs is ~0.8). The first
-    measurement held on its own: it is feasible."""
+    holding over ODDS_STEADY (verdict.tails: 0.98 of a limit over 3 runs is ~0.8), read on its
+    fresh starts (`_fresh`). The first measurement held on its own: it is feasible."""
     confirmations, tails = all_confirmations(study), all_confirm_tails(study)
     trials = _candidates(study, confirmations)
     every = [_tails(t, tails.get(str(t.number), [])) for t in trials]
