@@ -243,14 +243,22 @@ def unsettled(study: optuna.Study, rounds_left: int | None = None) -> tuple[int,
     if not ranked or ranked[0].missed:
         return ()
     best = ranked[0]
+    # a runner-up that out-earns the winner but for its odds: one more start sharpens them
+    # either way
+    held_back = [
+        c for c in ranked[1:2] if c.odds < ODDS_STEADY and c.mean > best.worth and not c.missed
+    ]
     if _shaky(best):
-        return (best.trial.number, *(t.number for t in _fallback(study, ranked)))
+        # beside it, that runner-up when it was confirmed once (its odds read on one start: its
+        # p99 must sit ~6% clear to read steady), else a configuration not yet confirmed (two
+        # shaky ones at the same edge, each run again in turn, never leave it)
+        once = [c.trial for c in held_back if len(c.runs) == 2]
+        other = once or _fallback(study, ranked)
+        return (best.trial.number, *(t.number for t in other))
     if best.pooled and near_limits(best.pooled):
         return (best.trial.number,)
-    # a faster runner-up held back only by its odds: one more start sharpens them either way
-    shaky = [c for c in ranked[1:2] if c.odds < ODDS_STEADY and c.mean > best.worth]
-    if shaky and not shaky[0].missed:
-        return (shaky[0].trial.number,)
+    if held_back:
+        return (held_back[0].trial.number,)
     versus = versus_runner_up(study)
     # tied with no noise (a plateau measured exactly) is as settled as separated
     if versus is None or versus["separated"] is not False or not versus["noise_pct"]:

@@ -440,3 +440,36 @@ def test_a_winner_is_judged_on_its_fresh_starts_not_the_run_that_chose_it(
     )
     _, summary = best_trial(study)
     assert summary.get("hold_odds", 1.0) > 0.97
+
+
+def test_a_shaky_winner_runs_again_beside_a_runner_up_held_back_by_its_odds_alone(
+    tmp_path: Path,
+) -> None:
+    # trial 0 held every start at 0.97 of the limit (odds ~0.9: worth ~1,110); trial 1, a
+    # fallback confirmed once, read 0.98 on its one fresh start (odds ~0.75 on one start), but
+    # its mean (1,150) out-earns the winner's worth. One more start of it says more than a
+    # first one of trial 2.
+    edge, once, steady = _tails(200, 3, 48.5), _tails(200, 3, 49.0), _tails(200, 3, 40.0)
+    first = {0.9: (1200.0, edge), 0.85: (1150.0, once), 0.8: (1100.0, steady)}
+    confirm = {"0": [1200.0, 1200.0, 1200.0], "1": [1150.0]}
+    study = _stored(tmp_path, first, confirm, {"0": [edge] * 3, "1": [once]})
+    v = versus_runner_up(study)
+    assert v is not None and v["runner_up"] == 1 and v["runner_up_odds"] < 0.975
+    assert unsettled(study) == (0, 1)
+    # confirmed twice, it has had its starts: two shaky ones at one edge, each run again in
+    # turn, would never leave it (Llama-70B: two servers at concurrency 65), so a fallback
+    study = _stored(
+        tmp_path / "twice",
+        {0.9: (1200.0, edge), 0.85: (1150.0, once), 0.8: (1100.0, steady)},
+        {"0": [1200.0, 1200.0, 1200.0], "1": [1150.0, 1150.0]},
+        {"0": [edge] * 3, "1": [once, once]},
+    )
+    assert unsettled(study) == (0, 2)
+    # a runner-up whose mean is below the winner's worth is no contender: a fresh fallback
+    study = _stored(
+        tmp_path / "b",
+        {**first, 0.85: (900.0, once), 0.8: (850.0, steady)},
+        {**confirm, "1": [900.0]},
+        {"0": [edge] * 3, "1": [once]},
+    )
+    assert unsettled(study) == (0, 2)
