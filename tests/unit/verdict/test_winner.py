@@ -464,6 +464,10 @@ def test_a_shaky_winner_runs_again_beside_a_runner_up_held_back_by_its_odds_alon
         {"0": [1200.0, 1200.0, 1200.0], "1": [1150.0, 1150.0]},
         {"0": [edge] * 3, "1": [once, once]},
     )
+    v = versus_runner_up(study)  # still the runner-up, still held back by its odds alone
+    assert v is not None and v["runner_up"] == 1 and v["runner_up_odds"] < 0.975
+    winner_worth = v["runner_up_worth"] / (1 - v["gap_pct"] / 100)
+    assert v["runner_up_mean"] == 1150.0 > winner_worth
     assert unsettled(study) == (0, 2)
     # a runner-up whose mean is below the winner's worth is no contender: a fresh fallback
     study = _stored(
