@@ -201,6 +201,31 @@ def seventy() -> dict[str, Any]:
     }
 
 
+def qwen_l4() -> dict[str, Any]:
+    """Qwen2.5-7B on one 24 GB L4-class GPU, long prompts: mfs x chunked-prefill-size x
+    concurrency under p99 TTFT and TPOT limits. A held-out world: no search rule was written
+    against its profile (tuner/sim/profiles/qwen2.5-7b-l4.yaml: the weights take 0.63 of the GPU,
+    so the pool is small and a low mfs cannot start; a 300 GB/s card whose decode step is ~60 ms)."""
+    d = demo()
+    d["study"] = "qwen-l4"
+    d["description"] = "Qwen2.5-7B on a simulated L4; mfs x chunked-prefill-size x concurrency"
+    d["target"]["launch"] = [*SIM, "qwen2.5-7b-l4"]
+    d["server"] = {"model-path": "Qwen/Qwen2.5-7B-Instruct", "enable-metrics": True}
+    d["space"] = {
+        "mem-fraction-static": {"low": 0.70, "high": 0.95, "step": 0.01},
+        "chunked-prefill-size": {"choices": [1024, 2048, 4096]},
+        "concurrency": {"low": 2, "high": 128, "log": True},
+    }
+    d["baseline"] = {"mem-fraction-static": 0.85, "chunked-prefill-size": 2048, "concurrency": 16}
+    d["workload"].update(input_len=2048, output_len=384, duration_s=30, warmup_requests=2)
+    d["objective"]["slo"] = {"p99_ttft_ms": 10000, "p99_tpot_ms": 150, "max_error_rate": 0.01}
+    # confirmation as tuner defaults it (3 x 2), not the demo's 2 x 1: a study file that does
+    # not choose
+    d["budget"] = {"n_trials": 40, "trial_timeout": "10m"}
+    d["hardware"] = {"model_config": "qwen2.5-7b", "gpu_mem_mib": 23034, "host_ram_gb": 64}
+    return d
+
+
 @dataclass(frozen=True)
 class Case:
     title: str
@@ -218,6 +243,7 @@ CASES = {
     "generation": Case(
         "Kimi-K2.5 TP8 generation (mfs x hicache x DP attn x EAGLE-3 x conc)", generation, 7
     ),
+    "qwen-l4": Case("Qwen2.5-7B, L4 24 GB (mfs x chunk x conc)", qwen_l4, 16),
     "deepseek": Case(
         "DeepSeek-V3 TP8 H200 generation (mfs x hicache x DP attn x MTP x conc)", deepseek, 7
     ),
