@@ -32,7 +32,8 @@ from tuner.server.launch import (
     render_sglang_yaml,
 )
 from tuner.sglang.flags import spelled_for
-from tuner.verdict.trials import completed, feasible_trials, server_info_of
+from tuner.verdict.tails import MIN_TAIL, thin_tails
+from tuner.verdict.trials import all_confirm_tails, completed, feasible_trials, server_info_of
 from tuner.verdict.winner import best_trial, held_note, versus_runner_up
 
 LAUNCH = ["python", "-m", "sglang.launch_server"]
@@ -90,7 +91,9 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
     # flags the winner's SGLang version would refuse (a version without a table: none judged)
     # judged as the export writes them (`spelled_for`: a renamed flag in the version's spelling)
     version = _version(data)
-    if warnings := version_problems(spelled_for(data["flags"], version), version):
+    warnings = list(version_problems(spelled_for(data["flags"], version), version))
+    warnings += _thin(cfg, trial, study)
+    if warnings:
         data["warnings"] = warnings
     if cfg.objective.pareto_latency:
         data["pareto_front"] = [
@@ -102,6 +105,26 @@ def export_data(cfg: StudyConfig, study: optuna.Study) -> dict[str, Any]:
             for t in study.best_trials
         ]
     return data
+
+
+def _thin(cfg: StudyConfig, trial: optuna.trial.FrozenTrial, study: optuna.Study) -> list[str]:
+    """A warning per limit the winner's runs judged on too few values to have a tail
+    (verdict.tails.thin_tails): the export would otherwise pass a p99 that is not one."""
+    runs = [trial.user_attrs.get(Attr.TAILS), *all_confirm_tails(study).get(str(trial.number), [])]
+    w = cfg.workload
+    longer = (
+        f"workload.duration_s (now {w.duration_s:g} s)"
+        if w.duration_s
+        else f"workload.num_requests (now {w.num_requests})"
+    )
+    return [
+        f"p99 {_NAMES.get(key, key)} was read over {n} "
+        f"{'token gaps' if key == 'p99_itl_ms' else 'requests'} a run (the median of the "
+        f"winner's runs): under {MIN_TAIL} a p99 is a run's slowest few, not its 99th "
+        f"percentile, so its limit was judged short of the tail it names. Raise {longer} "
+        f"until a run counts {MIN_TAIL} or more"
+        for key, n in thin_tails(runs).items()
+    ]
 
 
 def render_yaml(data: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from tuner.verdict.tails import (
     pooled_verdict,
     quantile,
     tails_of,
+    thin_tails,
 )
 
 TTFT_S = 0.2
@@ -145,3 +146,14 @@ def test_near_limits_names_the_latencies_held_by_less_than_the_margin() -> None:
     assert near_limits(pooled, margin=0.11) == ["p99_tpot_ms", "p99_ttft_ms"]
     assert near_limits({**pooled, "p99_tpot_ms": 51.0}) == []  # a miss is not "near": it missed
     assert near_limits({"p99_tpot_ms": 49.0}) == []  # no limits recorded, nothing to be near
+
+
+def test_a_p99_over_fewer_than_100_values_a_run_is_thin() -> None:
+    """The median run's count decides (one long run does not give the others a tail); runs
+    without tails (a death) are left out; TTFT counts every request started, TPOT those ended."""
+    slo = SLOSection(p99_ttft_ms=1000, p99_tpot_ms=50)
+    short = tails_of(requests([30.0] * 6, cancelled=20), slo)
+    long = tails_of(requests([30.0] * 150), slo)
+    assert thin_tails([short, short, long, None]) == {"p99_ttft_ms": 26, "p99_tpot_ms": 6}
+    assert thin_tails([long, long, short]) == {}
+    assert thin_tails([None]) == {}

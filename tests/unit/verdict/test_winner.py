@@ -477,3 +477,17 @@ def test_a_shaky_winner_runs_again_beside_a_runner_up_held_back_by_its_odds_alon
         {"0": [edge] * 3, "1": [once]},
     )
     assert unsettled(study) == (0, 2)
+
+
+def test_an_export_judged_on_too_few_requests_a_run_says_so(tmp_path: Path) -> None:
+    """Six requests a run held the limit: the export warns that their p99 is no tail, and says
+    what to raise; the same winner over 200 requests a run exports without the warning."""
+    few = _tails(6, 0, 30.0)
+    study = _stored(tmp_path / "few", {0.9: (1000.0, few)}, {"0": [990.0]}, {"0": [few]})
+    data = export_data(_cfg(), study)
+    (line,) = [w for w in data["warnings"] if "p99 TPOT" in w]
+    assert "over 6 requests a run" in line and "workload.duration_s" in line
+    assert f"# WARNING: {line}" in render_yaml(data)
+    many = _tails(200, 0, 30.0)
+    study = _stored(tmp_path / "many", {0.9: (1000.0, many)}, {"0": [990.0]}, {"0": [many]})
+    assert not any("p99 TPOT" in w for w in export_data(_cfg(), study).get("warnings", ()))
