@@ -1,0 +1,145 @@
+"""A sweep of bad inputs each found misbehaving (a traceback, exit 1 for the user's mistake, a
+night started on nonsense, a value silently replaced): now one line naming the file or flag and
+the key, exit 2, no traceback, nothing written.
+
+Each case runs `tuner.cli.main` in-process in a fresh working directory (the default ./runs
+would land there) and is judged as tests/integration/test_bad_inputs.py judges its corpus: the
+exit code, stderr as exactly one line holding the expected fragments, no "Traceback", and the
+directory's tree unchanged (names, sizes, mtimes).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers.paths import REPO
+from tuner import cli
+
+
+def demo(**target: Any) -> dict[str, Any]:
+    """The demo study, named `bad`, its target's keys updated by `target`."""
+    data = yaml.safe_load((REPO / "search_spaces" / "demo-sim.yaml").read_text())
+    data["study"] = "bad"
+    data["target"].update(target)
+    return data
+
+
+def write(cwd: Path, data: dict[str, Any]) -> None:
+    (cwd / "s.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def tree(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every path under root -> (mode, size, mtime_ns): any write, creation or removal shows."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            st = (Path(dirpath) / name).lstat()
+            out[str((Path(dirpath) / name).relative_to(root))] = (
+                st.st_mode,
+                st.st_size,
+                st.st_mtime_ns,
+            )
+    return out
+
+
+def refused(
+    cwd: Path,
+    args: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    *expect: str,
+    forbid: tuple[str, ...] = (),
+) -> str:
+    """Run `tuner ARGS` in `cwd`; assert exit 2, one stderr line holding `expect` (and none of
+    `forbid`), no traceback, nothing written. Returns the line."""
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    before = tree(cwd)
+    try:
+        code = cli.main(args)
+    except SystemExit as exc:  # argparse's own exit
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = err.rstrip("\n").split("\n") if err.strip() else []
+    assert code == 2, f"exit {code}: {err[-800:]!r}"
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in expect:
+        assert fragment in err, (fragment, err)
+    for fragment in forbid:
+        assert fragment not in err, (fragment, err)
+    assert tree(cwd) == before, "something was written"
+    return lines[0]
+
+
+# 1. target: hosts and addresses a night would only fail on -----------------------------------
+
+#: each of these was taken, then failed at the first connection as the world's failure (exit 1,
+#: "cannot connect after 3 attempts") or, as http_host, on every trial of a night that wrote runs/
+BAD_HOSTS = [
+    ("host", "", "got ''"),
+    ("host", "gpu 1", "got 'gpu 1'"),
+    ("host", "-oProxyCommand=x", "option"),
+    ("host", "ssh://gpu-1", "not a URL"),
+    ("host", "root@gpu-1", "target.ssh.user"),
+    ("host", "gpu-1:2222", "target.ssh.port"),
+    ("host", "1.2.3", "not an IPv4 address"),
+    ("http_host", "http://127.0.0.1", "not a URL"),
+    ("http_host", "127.0.0.1:30000", "target.port"),
+    ("http_host", "999.1.1.1", "not an IPv4 address"),
+    ("http_host", "[::1]", "without brackets"),
+    ("http_host", "", "SSH tunnel"),  # was silently the tunnel
+    ("workdir", " ", "/tmp"),  # was silently the host's /tmp
+    ("gpus", "0,x", "GPU indexes"),  # CUDA stops reading at 'x': one GPU, not two
+    ("gpus", "", "every GPU"),  # was silently every GPU; CUDA reads "" as none
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"), BAD_HOSTS, ids=[f"{k}={v!r}" for k, v, _ in BAD_HOSTS]
+)
+def test_a_target_value_that_cannot_work_is_refused_when_read(
+    tmp_path: Path, capsys, monkeypatch, key: str, value: str, why: str
+) -> None:
+    write(tmp_path, demo(**{key: value}))
+    # `status` reads the file as `tune` does (config.load), and starts nothing if it did not
+    refused(tmp_path, ["status", "s.yaml"], capsys, monkeypatch, "s.yaml", f"target.{key}", why)
+
+
+def test_a_node_or_a_worker_host_follows_the_same_rule(tmp_path: Path, capsys, monkeypatch) -> None:
+    data = demo()
+    data["fleet"] = [{"worker": "a", "host": "root@gpu-1"}]
+    write(tmp_path, data)
+    refused(tmp_path, ["status", "s.yaml"], capsys, monkeypatch, "fleet[0].host", "ssh.user")
+    write(tmp_path, demo(nodes=["http://gpu-a", "gpu-b"]))
+    refused(tmp_path, ["status", "s.yaml"], capsys, monkeypatch, "target.nodes.0.host", "URL")
+
+
+GOOD_HOSTS = [
+    ("host", "127.0.0.1"),
+    ("host", "gpu-1.example.com"),
+    ("http_host", "::1"),
+    ("http_host", "gpu-1"),
+    ("gpus", "0, 1"),
+    ("gpus", "GPU-8f6a3c2e-1b2c,MIG-GPU-5c1e/1/0"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), GOOD_HOSTS, ids=[f"{k}={v!r}" for k, v in GOOD_HOSTS])
+def test_real_hosts_and_gpus_still_pass(
+    tmp_path: Path, capsys, monkeypatch, key: str, value: str
+) -> None:
+    """The rule refuses nothing a host or CUDA takes: these reach the storage (no study yet)."""
+    write(tmp_path, demo(**{key: value}))
+    refused(tmp_path, ["status", "s.yaml"], capsys, monkeypatch, "no study 'bad' yet")
+
+
+def test_tune_refuses_a_user_at_host_before_connecting(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Was exit 1 after three SSH attempts ("cannot connect ... Name or service not known")."""
+    write(tmp_path, demo(host="root@gpu-1"))
+    refused(tmp_path, ["tune", "s.yaml"], capsys, monkeypatch, "target.host", "target.ssh.user")
