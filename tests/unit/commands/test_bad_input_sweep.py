@@ -143,3 +143,84 @@ def test_tune_refuses_a_user_at_host_before_connecting(tmp_path: Path, capsys, m
     """Was exit 1 after three SSH attempts ("cannot connect ... Name or service not known")."""
     write(tmp_path, demo(host="root@gpu-1"))
     refused(tmp_path, ["tune", "s.yaml"], capsys, monkeypatch, "target.host", "target.ssh.user")
+
+
+# 2. model configs and datasets: JSON that Python refuses to parse, fields of the wrong kind ---
+
+LLAMA = (
+    '"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, '
+    '"num_key_value_heads": 8'
+)
+#: each was a traceback (RecursionError, ValueError: 4300 digits, TypeError, OverflowError), or
+#: blamed --speculative-num-steps for the model's context length
+BAD_CONFIGS = [
+    ("deep", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("long-int", '{"num_hidden_layers": ' + "9" * 5000 + "}", "integer too long"),
+    ("context-list", "{" + LLAMA + ', "max_position_embeddings": [1]}', "max_position_embeddings"),
+    ("context-inf", "{" + LLAMA + ', "max_position_embeddings": 1e400}', "max_position_embeddings"),
+    ("context-text", "{" + LLAMA + ', "max_position_embeddings": "x"}', "max_position_embeddings"),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
+)
+def test_capacity_names_a_bad_model_config(
+    tmp_path: Path, capsys, monkeypatch, content: str, why: str
+) -> None:
+    (tmp_path / "m.json").write_text(content)
+    line = refused(
+        tmp_path, ["capacity", "--model-config", "m.json"], capsys, monkeypatch, "m.json", why
+    )
+    assert "--speculative-num-steps" not in line
+
+
+@pytest.mark.parametrize(
+    ("content", "why"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
+)
+def test_a_study_names_its_bad_model_config(
+    tmp_path: Path, capsys, monkeypatch, content: str, why: str
+) -> None:
+    (tmp_path / "m.json").write_text(content)
+    data = demo()
+    data["hardware"]["model_config"] = "m.json"
+    write(tmp_path, data)
+    refused(
+        tmp_path, ["status", "s.yaml"], capsys, monkeypatch, "hardware.model_config", "m.json", why
+    )
+
+
+def test_weights_named_as_the_model_config_are_not_read_whole(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A weights file given by mistake was read whole into memory (GBs) before JSON failed."""
+    weights = tmp_path / "model.safetensors"
+    with weights.open("wb") as f:
+        f.truncate(64 << 20)  # sparse: no disk used
+    refused(
+        tmp_path,
+        ["capacity", "--model-config", "model.safetensors"],
+        capsys,
+        monkeypatch,
+        "--model-config",
+        "model.safetensors",
+        "not a config.json",
+    )
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sharegpt"])
+def test_a_dataset_with_a_too_long_integer_is_one_line(
+    tmp_path: Path, capsys, monkeypatch, kind: str
+) -> None:
+    """Was a traceback (ValueError: Exceeds the limit (4300 digits)) from `tuner tune`; `bench`
+    reads the file before connecting, so the port it names never matters."""
+    (tmp_path / "d.jsonl").write_text('{"prompt": "a", "max_tokens": ' + "9" * 5000 + "}\n")
+    args = ["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1", "--no-progress"]
+    refused(
+        tmp_path,
+        [*args, "--workload", kind, "--dataset", "d.jsonl"],
+        capsys,
+        monkeypatch,
+        "d.jsonl:1",
+        "integer too long",
+    )
