@@ -224,3 +224,49 @@ def test_a_dataset_with_a_too_long_integer_is_one_line(
         "d.jsonl:1",
         "integer too long",
     )
+
+
+# 3. bench: server addresses that failed as "cannot reach" (exit 1), measured nothing (exit 0),
+#    printed a password, or were silently replaced by the default ------------------------------
+
+BENCH = ["bench", "--concurrency", "1", "--no-progress"]
+BAD_BENCH = [
+    ("url-space", ["--url", "http://127.0.0.1 :9"], "--url", "space"),
+    ("url-leading-space", ["--url", " http://127.0.0.1:9"], "--url", "space"),
+    ("url-query", ["--url", "http://127.0.0.1:9/?x=1"], "--url", "query"),
+    ("url-not-ipv4", ["--url", "http://999.0.0.1:9"], "--url", "not an IPv4 address"),
+    ("url-and-host", ["--url", "http://127.0.0.1:9", "--host", "127.0.0.1"], "--url", "not both"),
+    ("host-url", ["--host", "http://127.0.0.1"], "--host", "not a URL"),
+    ("host-empty", ["--host", ""], "--host", "got ''"),
+    ("port-zero", ["--port", "0"], "--port", "1..65535"),
+    (
+        "api-key-env-empty",
+        ["--url", "http://127.0.0.1:9", "--api-key-env", ""],
+        "--api-key-env",
+        "empty",
+    ),
+    ("model-empty", ["--url", "http://127.0.0.1:9", "--model", ""], "--model", "empty"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "why"), [c[1:] for c in BAD_BENCH], ids=[c[0] for c in BAD_BENCH]
+)
+def test_bench_refuses_an_address_it_cannot_use(
+    tmp_path: Path, capsys, monkeypatch, args: list[str], flag: str, why: str
+) -> None:
+    refused(tmp_path, [*BENCH, *args], capsys, monkeypatch, flag, why)
+
+
+def test_bench_never_prints_a_password_from_the_url(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Was "tuner: failed: cannot reach http://u:hunter2@127.0.0.1:9" (exit 1)."""
+    url = "http://u:hunter2-planted@127.0.0.1:9"
+    refused(
+        tmp_path,
+        [*BENCH, "--url", url],
+        capsys,
+        monkeypatch,
+        "--url",
+        "--api-key-env",
+        forbid=("hunter2",),
+    )
