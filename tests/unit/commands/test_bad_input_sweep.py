@@ -270,3 +270,39 @@ def test_bench_never_prints_a_password_from_the_url(tmp_path: Path, capsys, monk
         "--api-key-env",
         forbid=("hunter2",),
     )
+
+
+# 4. the rest: a database of another optuna, an empty --notify, an endless simulated start ------
+
+
+def test_a_database_of_another_optuna_version_is_one_line(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Was optuna's RuntimeError as a traceback ("no longer compatible with the table schema")."""
+    import sqlite3
+
+    import optuna
+
+    write(tmp_path, demo())
+    db = tmp_path / "runs" / "bad" / "study.db"
+    db.parent.mkdir(parents=True)
+    optuna.storages.RDBStorage(f"sqlite:///{db}").engine.dispose()
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'v9.9.9.a'")
+    con.close()
+    refused(tmp_path, ["status", "s.yaml"], capsys, monkeypatch, "--storage", "study.db", "optuna")
+
+
+def test_an_empty_notify_command_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Was taken as no --notify: the file's notify.command (or none) ran, and the night began."""
+    write(tmp_path, demo())
+    refused(tmp_path, ["tune", "s.yaml", "--notify", ""], capsys, monkeypatch, "--notify", "empty")
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf"])
+def test_the_simulator_refuses_an_endless_start_up(
+    tmp_path: Path, capsys, monkeypatch, seconds: str
+) -> None:
+    """`tuner sim --sim-startup-seconds nan` started a server that never became ready."""
+    args = ["sim", "--model-path", "m", "--port", "9", "--sim-startup-seconds", seconds]
+    refused(tmp_path, args, capsys, monkeypatch, "--sim-startup-seconds", "finite")
