@@ -75,8 +75,7 @@ class _Shape:
 def _context_len(inp: CapacityInputs) -> int:
     if inp.context_len:
         return inp.context_len
-    cfg = cap.text_config(inp.model_config)
-    return int(cfg.get("max_position_embeddings") or 131072)
+    return cap.context_length(inp.model_config) or 131072
 
 
 def _running_cap(tokens: int, inp: CapacityInputs, shape: _Shape) -> int:

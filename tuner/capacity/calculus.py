@@ -124,6 +124,15 @@ def _field(cfg: Mapping[str, Any], name: str, default: int | None = None) -> int
     return value
 
 
+def context_length(config: Mapping[str, Any]) -> int | None:
+    """The model's context length (`max_position_embeddings`), None when the config gives
+    none; ModelConfigError when it is there but not a positive integer."""
+    cfg = text_config(config)
+    if cfg.get("max_position_embeddings") is None:
+        return None
+    return _field(cfg, "max_position_embeddings")
+
+
 def kv_dtype_bytes(config: Mapping[str, Any], kv_dtype: str = "auto") -> float:
     """Bytes per KV element: `auto` follows the model's dtype, as SGLang does."""
     if kv_dtype != "auto":

@@ -15,6 +15,9 @@ from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError, InputFileError, ModelConfigError
 from tuner.sglang.flags import effective_flags
 
+#: a config.json is a few KB (the largest, with their quantization tables, well under 1 MiB)
+MAX_CONFIG_BYTES = 16 << 20
+
 
 def shipped_model_configs() -> list[str]:
     """Names of the config.json excerpts that ship with tuner (facts, not downloads)."""
@@ -39,6 +42,10 @@ def load_model_config(name_or_path: str) -> dict[str, Any]:
     if special:
         raise InputFileError(str(path), special)
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:  # the weights named by mistake: GBs read whole
+            raise InputFileError(
+                str(path), f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config.json"
+            )
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise InputFileError(str(path), f"not valid JSON: {exc.msg}", line=exc.lineno) from None
@@ -46,6 +53,10 @@ def load_model_config(name_or_path: str) -> dict[str, Any]:
         raise InputFileError(str(path), f"cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise InputFileError(str(path), "not UTF-8 text (a Hugging Face config.json is)") from None
+    except RecursionError:  # json nests by recursion: [[[[...]]]] a million deep
+        raise InputFileError(str(path), "not valid JSON: nested too deeply") from None
+    except ValueError:  # Python refuses to parse an integer of more than 4300 digits
+        raise InputFileError(str(path), "not valid JSON: an integer too long") from None
     if not isinstance(data, dict):
         raise InputFileError(str(path), "expected a JSON object (a Hugging Face config.json)")
     return data

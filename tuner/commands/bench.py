@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from pydantic import ValidationError
 
 from tuner.commands.common import output_file
-from tuner.config.base import MAX_CONCURRENCY
+from tuner.config.base import MAX_CONCURRENCY, host_problem
 from tuner.config.workload import WorkloadSection
 from tuner.errors import ConfigError, HostUnreachable, InfraError
 from tuner.loadgen.names import BACKEND_ALIASES, BACKEND_NAME, DATASET_KINDS, backend_kind, run_keys
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 _DEFAULT_NUM_REQUESTS = 1000
 #: where bench_serving sends without --base-url (its --host default 0.0.0.0 is this machine)
 _DEFAULT_HOST, _DEFAULT_PORT = "127.0.0.1", 30000
+#: flags named by their dest where a value is checked outside the workload
+_FLAG_OF_DEST = {"api_key_env": "--api-key-env", "model": "--model"}
 
 #: WorkloadSection key -> the tuner flag that sets it (others: `--` + the key with dashes)
 _FLAG_OF = {
@@ -215,8 +217,18 @@ def _flag(args: argparse.Namespace, key: str) -> str:
 def _url(args: argparse.Namespace) -> str:
     """--url / --base-url, else http://HOST:PORT from --host and --port (bench_serving's way)."""
     if args.url is not None:
+        if args.host is not None or args.port is not None:  # one of them would be ignored
+            raise ConfigError(
+                "give the server as --url, or as --host and --port, not both",
+                key=args.typed.get("url") or "--url",
+            )
         return args.url
-    return f"http://{args.host or _DEFAULT_HOST}:{args.port or _DEFAULT_PORT}"
+    # `is None`, not falsy: an empty --host or --port 0 was silently the default
+    host = _DEFAULT_HOST if args.host is None else args.host
+    if problem := host_problem(host, "--port"):
+        raise ConfigError(problem, key="--host")
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return f"http://{host}:{_DEFAULT_PORT if args.port is None else args.port}"
 
 
 def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], LoadOptions]:
@@ -224,14 +236,18 @@ def _plan(args: argparse.Namespace) -> tuple[WorkloadSection, list[Request], Loa
     from tuner.loadgen.options import load_options
     from tuner.loadgen.workload import requests_for
 
+    given = args.url is not None
     args.url = _url(args)
-    _check_url(args.url, args.typed.get("url") or "--url")
+    _check_url(args.url, args.typed.get("url") or ("--url" if given else "--port"))
     flag = args.typed.get("concurrency") or "--concurrency"
     if args.concurrency < 1:
         # not a workload key: in a study, concurrency is a searched parameter
         raise ConfigError(f"must be >= 1 (got {args.concurrency})", key=flag)
     if args.concurrency > MAX_CONCURRENCY:
         raise ConfigError(f"must be at most {MAX_CONCURRENCY:,} (got {args.concurrency})", key=flag)
+    for key in ("api_key_env", "model"):  # "" would silently send no key, or no model name
+        if getattr(args, key) is not None and not getattr(args, key).strip():
+            raise ConfigError("expected a name, got an empty one", key=_FLAG_OF_DEST[key])
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -257,8 +273,21 @@ def _check_url(url: str, flag: str = "--url") -> None:
         port = parts.port
     except ValueError as exc:
         raise ConfigError(f"{url!r} is not a valid URL: {exc}", key=flag) from None
+    if parts.username is not None or parts.password is not None:
+        # never echoed: the password would land on the terminal and in logs
+        raise ConfigError(
+            "a user or password in the URL is not sent: give the key through --api-key-env",
+            key=flag,
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000", key=flag)
+    if any(c.isspace() or not c.isprintable() for c in url):  # failed later as "cannot reach"
+        raise ConfigError(f"{url!r} holds a space or a control character", key=flag)
+    if parts.query or parts.fragment:  # the request paths are appended: ?x would swallow them
+        raise ConfigError(f"{url!r}: expected the server's base URL, without ?query or #", key=flag)
+    if problem := host_problem(parts.hostname, "the URL's :PORT"):
+        # aiohttp refuses `999.0.0.1` per request, and the run "measured" nothing, exit 0
+        raise ConfigError(f"{url!r}: {problem}", key=flag)
     if port == 0:
         raise ConfigError(f"port 0 in {url!r}: expected 1..65535", key=flag)
 

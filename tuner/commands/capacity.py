@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, InputFileError
 
 EPILOG = """example (the motivating case):
   tuner capacity --model-config kimi-k2.5 --tp 8 --gpu-mem-mib 97887 \\
@@ -244,6 +244,8 @@ def _load(name: str, flag: str) -> dict[str, Any]:
             raise ConfigError(problem, file=str(candidate), key=flag)
     try:
         return load_model_config(name)
+    except InputFileError as exc:  # it names the file: the line names the flag that gave it
+        raise ConfigError(str(exc), key=flag) from None
     except UnicodeDecodeError:  # capacity.models reads text without catching it
         raise ConfigError("not UTF-8 text", file=name) from None
 

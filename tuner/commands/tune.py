@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--notify",
         metavar="CMD",
+        type=_command,
         help="shell command run with a JSON summary on stdin when the run ends, fails or stops "
         "early (overrides the study file's notify.command)",
     )
@@ -82,6 +83,13 @@ def _duration(value: str) -> str:
         parse_duration(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _command(value: str) -> str:
+    # "" would silently fall back to the study file's notify.command, or to none
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a shell command, got an empty one")
     return value
 
 

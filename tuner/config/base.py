@@ -183,6 +183,41 @@ def image_reference(v: str) -> str:
     return v
 
 
+#: digits and dots alone: resolvers read such a name as an IPv4 address, valid or not
+_DOTTED_RE = re.compile(r"^[0-9.]+$", re.ASCII)
+
+
+def host_problem(v: str, port_key: str) -> str | None:
+    """Why `v` cannot name a host (an ssh_config alias, a name or an address), or None.
+
+    Each of these would otherwise fail only at the first connection, as the world's failure
+    after retries (exit 1) or, for `target.http_host`, on every trial of a night: an empty or
+    spaced name, an option (`-o...`), a URL, `user@host`, `host:port` (`port_key` is where the
+    port goes), an IPv6 address in brackets, and four numbers that are no IPv4 address (glibc
+    reads `1.2.3` as 1.2.0.3, aiohttp refuses `999.0.0.1`)."""
+    import ipaddress
+
+    shown = f"expected a host name, an address or an ssh_config alias, got {v!r}"
+    if not v.strip() or any(c.isspace() or not c.isprintable() for c in v):
+        return shown
+    if v.startswith("-"):
+        return f"{shown}: a leading '-' reads as an option"
+    if "/" in v:
+        return f"{shown}: give the host alone, not a URL (the port is {port_key})"
+    if "@" in v:
+        return f"{shown}: give the user as target.ssh.user"
+    if v.startswith("["):
+        return f"{shown}: an IPv6 address goes without brackets"
+    if ":" in v or _DOTTED_RE.match(v):
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            if ":" in v:
+                return f"{shown}: give the port as {port_key}"
+            return f"{shown}: not an IPv4 address"
+    return None
+
+
 def bool_choices(data: Any) -> Any:
     """A `{type: bool, choices: [...]}` search-space entry as it samples: both values are the
     plain bool; one alone is a list of one choice (categorical), so only it is sampled. Raises

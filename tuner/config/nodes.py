@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from tuner.config.base import Model
+from tuner.config.base import Model, host_problem
 from tuner.sglang.flags import canonical_flag
 
 #: torch.distributed's rendezvous port on nodes[0] when the study names none. 20000 is below
@@ -57,8 +57,8 @@ class Node(Model):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
-        if not v.strip() or any(c.isspace() for c in v):
-            raise ValueError(f"expected a host name or ssh_config alias, got {v!r}")
+        if v != "local" and (problem := host_problem(v, "the node's ssh.port")):
+            raise ValueError(problem)
         if v == "local":
             raise ValueError(
                 "'local' cannot be a node: the other nodes reach nodes[0] by its address; "

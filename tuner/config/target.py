@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.config.base import Duration, Model, image_reference
+from tuner.config.base import Duration, Model, host_problem, image_reference
 from tuner.config.kubernetes import KubernetesSection
 from tuner.config.nodes import Node, as_node, rank0_host
 from tuner.config.slurm import SlurmSection
@@ -63,6 +63,10 @@ class Timeouts(Model):
             wait = min(wait * 2, self.poll_s)
 
 
+#: one entry of CUDA_VISIBLE_DEVICES: an index, or a GPU or MIG UUID as nvidia-smi -L lists it
+GPU_ID_RE = re.compile(r"^(\d+|(GPU|MIG)-\S+)$", re.ASCII)
+
+
 class TargetSection(Model):
     """Where the server runs and how it is started."""
 
@@ -94,6 +98,41 @@ class TargetSection(Model):
         if not v or not all(isinstance(a, str) and a for a in v):
             raise ValueError(
                 "expected a non-empty list of arguments, e.g. [python, -m, sglang.launch_server]"
+            )
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if v != "local" and (problem := host_problem(v, "target.ssh.port")):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("http_host")
+    @classmethod
+    def _http_host(cls, v: str | None) -> str | None:
+        # "" is no address: left as it is, the night would go through the tunnel unasked
+        if v is not None and (problem := host_problem(v, "target.port")):
+            raise ValueError(f"{problem} (drop the key to go through the SSH tunnel)")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():  # else the logs would silently land in /tmp
+            raise ValueError("expected a folder on the host (drop the key for the host's /tmp)")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: str | None) -> str | None:
+        # CUDA stops reading CUDA_VISIBLE_DEVICES at its first bad entry ("" hides every GPU):
+        # the server would start on fewer GPUs than asked, or on none
+        ids = [] if v is None else v.split(",")
+        if v is not None and not all(GPU_ID_RE.match(i.strip()) for i in ids):
+            raise ValueError(
+                f"expected GPU indexes or UUIDs separated by commas, e.g. '0,1' (got {v!r}); "
+                "drop the key for every GPU"
             )
         return v
 

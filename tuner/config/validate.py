@@ -336,17 +336,21 @@ def _context_len(cfg: StudyConfig) -> tuple[int, str]:
     if isinstance(given, int) and not isinstance(given, bool):
         return given, "server.context-length"
     if cfg.hardware.model_config_path:
-        from tuner.capacity.calculus import text_config
+        from tuner.capacity.calculus import context_length
         from tuner.capacity.models import load_model_config
 
         try:
-            model = text_config(load_model_config(cfg.hardware.model_config_path))
+            model = load_model_config(cfg.hardware.model_config_path)
         except (TunerError, UnicodeDecodeError) as exc:
             # UnicodeDecodeError: capacity.models reads the file as text without catching it
             reason = exc if isinstance(exc, TunerError) else "not UTF-8 text"
             raise ConfigError(str(reason), file=cfg.source, key="hardware.model_config") from None
-        n = model.get("max_position_embeddings")
-        if isinstance(n, int) and n > 0:
+        try:
+            n = context_length(model)
+        except TunerError as exc:  # the field names itself, not its file
+            where = f"{cfg.hardware.model_config_path}: {exc}"
+            raise ConfigError(where, file=cfg.source, key="hardware.model_config") from None
+        if n is not None:
             return n, f"the model's context length ({cfg.hardware.model_config_path})"
     return MAX_TOKENS, "tuner's cap on request length"
 

@@ -268,6 +268,8 @@ def _read_records(path: str) -> list[tuple[int | None, Any]]:
             raise InputFileError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from None
         except RecursionError:  # json nests by recursion: [[[[...]]]] a million deep
             raise InputFileError(path, "invalid JSON: nested too deeply") from None
+        except ValueError:  # Python refuses to parse an integer of more than 4300 digits
+            raise InputFileError(path, "invalid JSON: an integer too long") from None
         if not isinstance(data, list) or not data:
             raise InputFileError(path, "expected a non-empty JSON array of records")
         return [(None, obj) for obj in data]
@@ -281,6 +283,8 @@ def _read_records(path: str) -> list[tuple[int | None, Any]]:
             raise InputFileError(path, f"invalid JSON: {exc.msg}", line=n) from None
         except RecursionError:
             raise InputFileError(path, "invalid JSON: nested too deeply", line=n) from None
+        except ValueError:  # an integer of more than 4300 digits
+            raise InputFileError(path, "invalid JSON: an integer too long", line=n) from None
     if not out:
         raise InputFileError(path, "no records")
     return out

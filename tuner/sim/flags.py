@@ -85,8 +85,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _non_negative_float(value: str) -> float:
     number = float(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not number >= 0 or math.isinf(number):  # nan and inf: the start-up would never end
+        raise argparse.ArgumentTypeError(f"must be >= 0 and finite, got {value}")
     return number
 
 

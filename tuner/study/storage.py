@@ -271,6 +271,11 @@ def make_storage(url: str, infra_retries: int, *, outage_s: float | None = None)
 
     try:
         storage = create()
+    except RuntimeError as exc:
+        # a database another optuna version made: optuna says which command to run
+        if "compatible with the table schema" not in str(exc):
+            raise
+        raise ConfigError(f"cannot open {masked(url)}: {exc}", key="--storage") from None
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
         error = storage_error(url, exc.__cause__ or exc)
         if DISK_FULL in error.detail:
