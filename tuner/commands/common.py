@@ -85,6 +85,17 @@ def guard_output(args: argparse.Namespace, cfg: StudyConfig, *, own: str) -> Non
     runs/<study>/, except `own`, the file this command itself writes there."""
     if args.output is None:
         return
+    try:
+        _guard_output(args, cfg, own)
+    except (RuntimeError, OSError) as exc:  # Path.resolve on a symlink loop: RuntimeError
+        raise ConfigError(
+            f"cannot follow {args.output} or the study's folder ({exc}): fix the link or give "
+            "another file name",
+            key="-o",
+        ) from None
+
+
+def _guard_output(args: argparse.Namespace, cfg: StudyConfig, own: str) -> None:
     from tuner.study.storage import storage_url, study_dir
 
     out = args.output.resolve()

@@ -140,6 +140,21 @@ def test_export_refusal_is_one_line_and_writes_nothing(tmp_path: Path, capsys) -
     assert study.read_bytes() == before
 
 
+def test_a_symlink_loop_where_the_study_lives_is_one_line(tmp_path: Path, capsys) -> None:
+    """Path.resolve raises on a loop (runs/<study> linked to itself): `export -o` says so in one
+    line, exit 2, and writes nothing."""
+    study = tmp_path / "s.yaml"
+    study.write_text((REPO / "search_spaces" / "demo-sim.yaml").read_text())
+    (tmp_path / "runs").mkdir()
+    loop = tmp_path / "runs" / "demo-sim"
+    loop.symlink_to(loop)
+    out = tmp_path / "best.yaml"
+    code = cli.main(["export", str(study), "--runs-dir", str(tmp_path / "runs"), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "-o" in err and "cannot follow" in err
+    assert "Traceback" not in err and not out.exists()
+
+
 # 2. and 3. writes: atomic, and a failure is one line ------------------------------------------
 
 
