@@ -27,9 +27,8 @@ from tuner.errors import ConfigError, HostUnreachable, InfraError
 from tuner.loadgen.plan import refill_for, short_list_problem, study_load_options, unset_concurrency
 from tuner.loadgen.result import Cut, LoadProgress, LoadResult
 from tuner.loadgen.run import run_load_sync
-from tuner.loadgen.window import short_window
 from tuner.loadgen.workload import Request, requests_for
-from tuner.outcome import Attr, full_params
+from tuner.outcome import Attr
 from tuner.report.export import write_best
 from tuner.search.mode import trial_time_problem
 from tuner.search.sampler import make_sampler, reseed_on_resume
@@ -43,6 +42,7 @@ from tuner.server.startlog import StartupLog
 from tuner.server.steps import following, slurm_parts
 from tuner.server.target import Launch, endpoint_for, env_secret, host_for
 from tuner.study.loop import Tuning, default_worker
+from tuner.study.notices import trial_notices
 from tuner.study.states import TuneStats
 from tuner.study.storage import (
     DefaultURL,
@@ -243,7 +243,7 @@ def tune(
                 seams.runner,
                 out_dir / "trials",
                 worker,
-                window_watch(cfg, events),
+                trial_notices(cfg, events.say, events.on_trial),
                 lambda pgid: seams.stop_group(pgid, cfg.target.port),
                 # the study's own file: every worker that can write it locks under out_dir;
                 # a storage named by --storage or the file's storage: may be shared
@@ -277,36 +277,6 @@ def say_others_running(study: optuna.Study, worker: str, events: Events) -> None
             f"note: worker(s) {', '.join(others)} still run this study: this best.yaml is its "
             "best so far; `tuner export` with the same --storage once they end gives the final"
         )
-
-
-def window_watch(cfg: StudyConfig, events: Events) -> Callable[[FrozenTrial], None]:
-    """`events.on_trial`, and once per run a warning when a trial's load run measured its
-    window's ramp-up rather than a steady state (loadgen/window.py), and once when its request list
-    ran out before the window's end (a finite list: loadgen.plan.short_list_problem)."""
-    warned = False
-    exhausted = False
-
-    def on_trial(t: FrozenTrial) -> None:
-        nonlocal warned, exhausted
-        metrics = t.user_attrs.get(Attr.METRICS) or {}
-        if not warned:
-            concurrency = full_params(t.params, t.user_attrs).get("concurrency")
-            note = short_window(cfg.workload.duration_s, metrics, concurrency)
-            if note is not None:
-                warned = True
-                events.say(f"warning: {note}")
-        if not exhausted and metrics.get("exhausted"):
-            exhausted = True
-            events.say(
-                f"warning: trial {t.number}'s load run sent its whole request list in "
-                f"{float(metrics.get('duration', 0)):.1f} s of its {cfg.workload.duration_s:g} s "
-                f"window (exhausted): kind {cfg.workload.kind}'s list is finite; its "
-                "runs measure a shorter window"
-            )
-        if events.on_trial is not None:
-            events.on_trial(t)
-
-    return on_trial
 
 
 def _run(

@@ -109,3 +109,10 @@ def short_list_problem(cfg: StudyConfig, n_requests: int) -> str | None:
         "measures a shorter window; each prompt is sent once (a repeat would hit the prefix "
         "cache). Give more requests, or bound the run by workload.num_requests"
     )
+
+
+def longer_run(w: WorkloadSection) -> str:
+    """The workload key that lengthens a load run, with its value (a warning's advice)."""
+    if w.duration_s:
+        return f"workload.duration_s (now {w.duration_s:g} s)"
+    return f"workload.num_requests (now {w.num_requests})"

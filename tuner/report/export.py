@@ -22,6 +22,7 @@ import optuna
 from tuner.check.flagset import version_problems
 from tuner.config.schema import StudyConfig
 from tuner.errors import InfraError, TunerError
+from tuner.loadgen.plan import longer_run
 from tuner.outcome import SLO_METRICS, Attr, full_params
 from tuner.search.space import client_params, server_flags, tidy_params
 from tuner.server.launch import (
@@ -32,7 +33,7 @@ from tuner.server.launch import (
     render_sglang_yaml,
 )
 from tuner.sglang.flags import spelled_for
-from tuner.verdict.tails import MIN_TAIL, thin_tails
+from tuner.verdict.tails import thin_notes, thin_tails
 from tuner.verdict.trials import all_confirm_tails, completed, feasible_trials, server_info_of
 from tuner.verdict.winner import best_trial, held_note, versus_runner_up
 
@@ -111,20 +112,7 @@ def _thin(cfg: StudyConfig, trial: optuna.trial.FrozenTrial, study: optuna.Study
     """A warning per limit the winner's runs judged on too few values to have a tail
     (verdict.tails.thin_tails): the export would otherwise pass a p99 that is not one."""
     runs = [trial.user_attrs.get(Attr.TAILS), *all_confirm_tails(study).get(str(trial.number), [])]
-    w = cfg.workload
-    longer = (
-        f"workload.duration_s (now {w.duration_s:g} s)"
-        if w.duration_s
-        else f"workload.num_requests (now {w.num_requests})"
-    )
-    return [
-        f"p99 {_NAMES.get(key, key)} was read over {n} "
-        f"{'token gaps' if key == 'p99_itl_ms' else 'requests'} a run (the median of the "
-        f"winner's runs): under {MIN_TAIL} a p99 is a run's slowest few, not its 99th "
-        f"percentile, so its limit was judged short of the tail it names. Raise {longer} "
-        f"until a run counts {MIN_TAIL} or more"
-        for key, n in thin_tails(runs).items()
-    ]
+    return thin_notes(thin_tails(runs), longer_run(cfg.workload), "the median of the winner's runs")
 
 
 def render_yaml(data: dict[str, Any]) -> str:

@@ -222,6 +222,26 @@ def thin_tails(tails: Sequence[Mapping[str, Any] | None]) -> dict[str, int]:
     return out
 
 
+_TAIL_NAMES = {
+    "p99_ttft_ms": "TTFT",
+    "p99_tpot_ms": "TPOT",
+    "p99_itl_ms": "ITL",
+    "p99_e2e_latency_ms": "E2E",
+}
+
+
+def thin_notes(thin: Mapping[str, int], longer: str, whose: str) -> list[str]:
+    """`thin_tails` in words, one line a latency: `longer` names the workload key to raise
+    (with its value), `whose` the runs counted ("the winner's runs", "trial 0's run")."""
+    return [
+        f"p99 {_TAIL_NAMES.get(key, key)} was read over {n} "
+        f"{'token gaps' if key == 'p99_itl_ms' else 'requests'} a run ({whose}): under "
+        f"{MIN_TAIL} a p99 is a run's slowest few, not its 99th percentile, so its limit was "
+        f"judged short of the tail it names. Raise {longer} until a run counts {MIN_TAIL} or more"
+        for key, n in thin.items()
+    ]
+
+
 #: the least sd of one start's log p99 it assumes (0.022 measured on the simulator): a few
 #: repeats that happened to agree must not make an edge look safe (on the demo's concurrency 166,
 #: six runs gave 0.011, twelve starts 0.022); more spread measured is taken as measured
