@@ -34,6 +34,7 @@ from tuner.server.slurm import (
     parse_jobs,
     pick,
     salloc_argv,
+    salloc_granted,
     salloc_refusal,
     scancel_argv,
     shell,
@@ -182,11 +183,15 @@ class Allocation:
                     f"{self.host.name}: the pending Slurm allocation {self.name} is gone "
                     "(cancelled outside the tuner?)"
                 )
-            if job is None and not running:
+            # granted, and squeue does not list it yet: not a refusal, polled to the deadline
+            if job is None and not running and not self._granted():
                 self._refused()
             if self._clock() > deadline:
                 self._give_up(job, limit_s)
             self._sleep(next(waits))
+
+    def _granted(self) -> bool:
+        return salloc_granted(self.host.read_tail(self.log_path, 20)) is not None
 
     def _refused(self) -> None:
         """salloc ended and no job of ours is live: its last error line says why."""

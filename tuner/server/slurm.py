@@ -223,6 +223,18 @@ def world_end(tail: Sequence[str], job: Job | None, job_id: str | None) -> str |
     return None
 
 
+_GRANTED = re.compile(r"salloc: Granted job allocation (\d+)")
+
+
+def salloc_granted(lines: Sequence[str]) -> str | None:
+    """The job salloc's log says it was granted, or None: salloc exits once granted, and squeue
+    may list the job a moment later (the controller answers it from its own state)."""
+    for line in reversed(lines):
+        if m := _GRANTED.search(line):
+            return m.group(1)
+    return None
+
+
 def salloc_refusal(lines: Sequence[str]) -> tuple[bool, str]:
     """(is it the user's request, salloc's line) for an salloc that ended without a job."""
     said = [ln.strip() for ln in lines if ln.strip()]

@@ -29,6 +29,7 @@ from tuner.server.slurm import (
     parse_steps,
     pick,
     salloc_argv,
+    salloc_granted,
     salloc_refusal,
     scancel_argv,
     shell,
@@ -188,6 +189,10 @@ def test_salloc_and_srun_refusals() -> None:
     )
     assert not users  # the controller down is the world's
     assert salloc_refusal([]) == (True, "salloc ended without a word")
+    # salloc exits once granted: its log, not squeue (which may lag), says so
+    granted = ["salloc: Pending job allocation 4000", "salloc: Granted job allocation 4000"]
+    assert salloc_granted(granted) == "4000"
+    assert salloc_granted(granted[:1]) is None and salloc_granted([]) is None
     assert step_refusal(["srun: unrecognized option '--bogus'", "Try srun --help"]) is not None
     gres = "srun: error: Unable to create step for job 9: Invalid generic resource (gres) specification"
     assert step_refusal(["x", gres]) == gres
