@@ -215,7 +215,12 @@ class Allocation:
         )
 
     def _salloc_alive(self) -> bool:
-        return self._salloc is not None and self.host.group_alive(self._salloc)
+        """salloc still runs: its group, or its process before setsid made the group (under
+        load that moment is long enough for a poll to see no group and no job yet)."""
+        pid = self._salloc
+        return pid is not None and (
+            self.host.group_alive(pid) or self.host.cmdline(pid) is not None
+        )
 
     def _stop_salloc(self) -> None:
         """TERM the salloc this run started, if it still waits (it withdraws its request);
