@@ -158,7 +158,13 @@ class Allocation:
         queue while this run polls squeue, and exits once the allocation is granted."""
         argv = salloc_argv(self.section, self.name)
         log_q = shlex.quote(self.log_path)
-        script = f"umask 077; nohup setsid {shell(argv)} > {log_q} 2>&1 < /dev/null & echo $!"
+        # setsid makes the group only once it runs: wait for pgid == pid (as hosts.base's
+        # detached launch does), so the group can be polled and signalled at once
+        script = (
+            f"umask 077; nohup setsid {shell(argv)} > {log_q} 2>&1 < /dev/null & p=$!; i=0; "
+            'while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
+            "&& [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; echo $p"
+        )
         res = self.shell.run(script)
         pid = res.stdout.strip().splitlines()[-1:] if res.ok else []
         if not pid or not pid[0].isdigit():
