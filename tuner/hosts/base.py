@@ -169,11 +169,18 @@ def detached_script(
         f"rm -f -- {exit_q} {pid_q} {shlex.quote(log_path)}; "
         f'{assigns}nohup setsid bash -c {shlex.quote(inner)} tuner-server "$o" '
         f"> {shlex.quote(log_path)} 2>&1 < /dev/null & "
-        "p=$!; i=0; "
-        'while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
-        "&& [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; "
+        f"p=$!; {GROUP_WAIT}; "
         f'echo "$p {nonce}" > {pid_q}; echo $p'
     )
+
+
+#: after `nohup setsid X &` and `p=$!`: wait (5 s at most) until process $p leads its own group.
+#: setsid makes the group only once it runs, and until then the pid names no group to poll or
+#: signal
+GROUP_WAIT = (
+    'i=0; while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
+    "&& [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done"
+)
 
 
 def _env_name(name: str) -> str:

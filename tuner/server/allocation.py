@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from tuner.config.slurm import SlurmSection
 from tuner.errors import InfraError, SetupError
-from tuner.hosts.base import CommandResult, Host
+from tuner.hosts.base import GROUP_WAIT, CommandResult, Host
 from tuner.server.slurm import (
     USABLE,
     WAITING,
@@ -158,12 +158,11 @@ class Allocation:
         queue while this run polls squeue, and exits once the allocation is granted."""
         argv = salloc_argv(self.section, self.name)
         log_q = shlex.quote(self.log_path)
-        # setsid makes the group only once it runs: wait for pgid == pid (as hosts.base's
-        # detached launch does), so the group can be polled and signalled at once
+        # the pid once it leads its group (as the detached server launch waits for it), so the
+        # group can be polled and signalled at once
         script = (
-            f"umask 077; nohup setsid {shell(argv)} > {log_q} 2>&1 < /dev/null & p=$!; i=0; "
-            'while [ -e /proc/$p ] && [ "$(cut -d" " -f5 /proc/$p/stat 2>/dev/null)" != "$p" ] '
-            "&& [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; echo $p"
+            f"umask 077; nohup setsid {shell(argv)} > {log_q} 2>&1 < /dev/null & "
+            f"p=$!; {GROUP_WAIT}; echo $p"
         )
         res = self.shell.run(script)
         pid = res.stdout.strip().splitlines()[-1:] if res.ok else []
