@@ -398,6 +398,10 @@ def run(args: argparse.Namespace) -> int:
     m = result.metrics()
     if m.completed == 0 and m.errors and set(m.error_kinds) == {"connection"}:
         raise HostUnreachable(f"cannot reach {args.url}: every request failed to connect")
+    if m.completed == 0 and m.window_output_throughput == 0:
+        # a server that accepts and never answers measured nothing: exit 0 would read as a result
+        why = "it went silent" if result.unresponsive else f"{m.errors} requests failed"
+        raise InfraError(f"{args.url} answered no token ({why}): nothing was measured")
     rate = None if math.isinf(options.request_rate) else options.request_rate
     out: dict[str, Any] = {
         **run_keys(w, options.concurrency, rate),

@@ -139,6 +139,19 @@ def test_unreachable_url_exit_1_one_line() -> None:
     assert "cannot reach" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+def test_a_server_that_never_answers_is_exit_1_not_an_empty_result(tmp_path: Path) -> None:
+    """Connections accepted, no token ever: nothing was measured, so no exit 0 (and no JSON)."""
+    out = tmp_path / "r.json"
+    with ServerThread(FakeSGLang(FakeConfig(hang_every=1))) as srv:
+        p = bench(
+            *("--url", srv.url, "--concurrency", "2", "--duration", "1", "--no-progress"),
+            *("--json", str(out)),
+        )
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "answered no token" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr and not out.exists()
+
+
 @pytest.mark.slow
 def test_bench_against_the_simulator(tmp_path: Path) -> None:
     from tests.helpers.simproc import sim_server
