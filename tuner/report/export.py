@@ -33,7 +33,7 @@ from tuner.server.launch import (
     render_sglang_yaml,
 )
 from tuner.sglang.flags import spelled_for
-from tuner.verdict.tails import thin_notes, thin_tails
+from tuner.verdict.tails import TAIL_NAMES, thin_notes, thin_tails
 from tuner.verdict.trials import all_confirm_tails, completed, feasible_trials, server_info_of
 from tuner.verdict.winner import best_trial, held_note, versus_runner_up
 
@@ -204,7 +204,7 @@ def _pooled(p: dict[str, Any]) -> str:
     `pooled over 3 runs (1,512 requests): p99 TTFT 812 ms, p99 TPOT 41.3 ms (limits 1000, 50)`."""
     limits = p.get("limits") or {}
     shown = [k for k, _ in SLO_METRICS.values() if k in p and k in limits]
-    figures = [f"p99 {_NAMES[k]} {p[k]:,.{1 if k in _FINE else 0}f} ms" for k in shown]
+    figures = [f"p99 {TAIL_NAMES[k]} {p[k]:,.{1 if k in _FINE else 0}f} ms" for k in shown]
     if p.get("error_rate"):
         figures.append(f"error rate {p['error_rate']:.2%}")
     line = f"pooled over {p['runs']} runs ({p['ended']:,} requests): " + ", ".join(figures)
@@ -213,12 +213,6 @@ def _pooled(p: dict[str, Any]) -> str:
     return line + f" (limit{'s' * (len(shown) > 1)} {', '.join(f'{limits[k]:g}' for k in shown)})"
 
 
-_NAMES = {
-    "p99_ttft_ms": "TTFT",
-    "p99_tpot_ms": "TPOT",
-    "p99_itl_ms": "ITL",
-    "p99_e2e_latency_ms": "E2E",
-}
 _FINE = ("p99_tpot_ms", "p99_itl_ms")  # tens of ms: one decimal, as the header's own p99s
 
 

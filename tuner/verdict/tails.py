@@ -43,6 +43,7 @@ more runs of that length is 71 s. `exceed_odds` counts them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -216,13 +217,14 @@ def thin_tails(tails: Sequence[Mapping[str, Any] | None]) -> dict[str, int]:
             counts.setdefault(key, []).append(sum(bins.values()))
     out = {}
     for key, ns in counts.items():
-        median = sorted(ns)[len(ns) // 2]
+        median = statistics.median_high(ns)  # a count some run read, not an average of two
         if median < MIN_TAIL:
             out[key] = median
     return out
 
 
-_TAIL_NAMES = {
+#: the latencies' short names, as the export's header and the warnings write them
+TAIL_NAMES = {
     "p99_ttft_ms": "TTFT",
     "p99_tpot_ms": "TPOT",
     "p99_itl_ms": "ITL",
@@ -234,7 +236,7 @@ def thin_notes(thin: Mapping[str, int], longer: str, whose: str) -> list[str]:
     """`thin_tails` in words, one line a latency: `longer` names the workload key to raise
     (with its value), `whose` the runs counted ("the winner's runs", "trial 0's run")."""
     return [
-        f"p99 {_TAIL_NAMES.get(key, key)} was read over {n} "
+        f"p99 {TAIL_NAMES.get(key, key)} was read over {n} "
         f"{'token gaps' if key == 'p99_itl_ms' else 'requests'} a run ({whose}): under "
         f"{MIN_TAIL} a p99 is a run's slowest few, not its 99th percentile, so its limit was "
         f"judged short of the tail it names. Raise {longer} until a run counts {MIN_TAIL} or more"
