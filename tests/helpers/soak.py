@@ -36,17 +36,28 @@ READY_LINE = "The server is fired up and ready to roll!"
 
 @dataclass(frozen=True)
 class Soak:
-    """What a soak run saw: per fault kind, how often it fired; the SSH connections cut."""
+    """What a soak run saw: per fault kind, how often it fired; the SSH connections cut; every
+    launch (a failed check prints them: which launch armed what and how it ended)."""
 
     fired: Counter[str]
     cuts: int
+    launches: tuple[Launch, ...]
 
 
 def _study(
-    tmp: Path, name: str, sshd: Sshd, ssh_port: int, n_trials: int, faults: list[str], seed: int
+    tmp: Path,
+    name: str,
+    sshd: Sshd,
+    ssh_port: int,
+    n_trials: int,
+    faults: list[str],
+    seed: int,
+    mfs_high: float | None,
 ) -> Path:
     path = study_file(tmp, name=name, n_trials=n_trials)
     data = yaml.safe_load(path.read_text())
+    if mfs_high is not None:
+        data["space"]["mem-fraction-static"]["high"] = mfs_high
     launch = data["target"]["launch"]
     launch[launch.index("--sim-startup-seconds") + 1] = "0.2"
     if faults:
@@ -115,40 +126,76 @@ def _load(runs: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{runs / name / 'study.db'}")
 
 
-def fired_kinds(logs: list[Path]) -> Counter[str]:
-    """Per fault kind, the `[sim-fault] KIND fired` lines in these server logs; slow-start,
-    which only lengthens start-up and logs no such line, counts each launch it was armed on
-    (the launch's summary line) that went on to finish its start-up (the ready line)."""
-    fired: Counter[str] = Counter()
-    for log in logs:
-        slow_armed = False
+@dataclass(frozen=True)
+class Launch:
+    """One simulator launch as its own log on the host tells it: what was armed, whether its
+    start-up finished, what fired, how it ended (the `.exit` file's code, None if absent)."""
+
+    index: int
+    armed: tuple[str, ...]
+    ready: bool
+    fired: Counter[str]
+    exit: str | None
+
+    def line(self) -> str:
+        fired = ", ".join(f"{k} x{n}" for k, n in sorted(self.fired.items())) or "nothing"
+        return (
+            f"launch {self.index}: armed {', '.join(self.armed) or 'nothing'}; "
+            f"{'ready' if self.ready else 'never ready'}; fired {fired}; exit {self.exit}"
+        )
+
+
+def launches(workdir: Path, name: str) -> list[Launch]:
+    """Every launch of study `name`, from the logs its servers left in the host's workdir (a
+    workdir keeps them all): the simulator's own record, one per launch, whether or not the
+    tuner fetched a copy into a trial folder (a fetch the SSH relay cut loses that copy)."""
+    found = []
+    for log in workdir.glob(f"tuner-{name}-trial*.log"):
+        index, armed, ready, fired = -1, (), False, Counter()
         for line in log.read_text(errors="replace").splitlines():
+            if READY_LINE in line:
+                ready = True
             if PREFIX not in line:
-                if slow_armed and READY_LINE in line:
-                    fired["slow-start"] += 1
-                    slow_armed = False
                 continue
             words = line.split(PREFIX, 1)[1].split()
             if len(words) > 1 and words[1] == "fired":
                 fired[words[0]] += 1
-            elif words and words[0] == "launch":  # a new launch: what is armed on it
+            elif len(words) > 1 and words[0] == "launch":  # the launch's summary: what is armed
+                index = int(words[1].rstrip(":"))
                 parts = line.split(PREFIX, 1)[1].split(": ", 1)[-1].split("; ")
-                slow_armed = any(
-                    p.startswith("slow-start:") and " not armed " not in p for p in parts
-                )
-    return fired
+                armed = tuple(p.split(":", 1)[0] for p in parts if " not armed " not in p)
+        if ready and "slow-start" in armed:  # it logs no line: it fired if start-up finished
+            fired["slow-start"] += 1
+        code = Path(f"{log}.exit")
+        exit_ = code.read_text().strip() if code.exists() else None
+        found.append(Launch(index, armed, ready, fired, exit_))
+    return sorted(found, key=lambda launch: launch.index)
 
 
-def run_soak(tmp: Path, sshd: Sshd, n_trials: int, faults: list[str], seed: int) -> Soak:
-    """Run the clean and the faulted study side by side and check what every soak must show."""
+def fired_kinds(found: list[Launch]) -> Counter[str]:
+    """Per fault kind, how often it fired over these launches."""
+    return sum((launch.fired for launch in found), Counter())
+
+
+def run_soak(
+    tmp: Path,
+    sshd: Sshd,
+    n_trials: int,
+    faults: list[str],
+    seed: int,
+    mfs_high: float | None = None,
+) -> Soak:
+    """Run the clean and the faulted study side by side and check what every soak must show;
+    `mfs_high`: the space's top mem-fraction-static (None: the demo's 0.98, whose CUDA-graph
+    OOM at start-up ends a launch before any load fault armed on it can fire)."""
     runs = tmp / "runs"
     markers = [marker_for(n, "soak", runs / n) for n in ("clean", "chaos")]
     try:
         # side by side, so both runs share the same (busy) machine and the ratio is fair
         with Relay(sshd.port) as relay:
             relay.chaos(0.05, seed=3)  # an SSH connection cut every ~20 s
-            clean_study = _study(tmp, "clean", sshd, sshd.port, n_trials, [], seed)
-            chaos_study = _study(tmp, "chaos", sshd, relay.port, n_trials, faults, seed)
+            clean_study = _study(tmp, "clean", sshd, sshd.port, n_trials, [], seed, mfs_high)
+            chaos_study = _study(tmp, "chaos", sshd, relay.port, n_trials, faults, seed, mfs_high)
             t0 = time.monotonic()
             runs_ = {"clean": _tune(clean_study, runs), "chaos": _tune(chaos_study, runs)}
             done = _finish(runs_, t0)
@@ -159,11 +206,13 @@ def run_soak(tmp: Path, sshd: Sshd, n_trials: int, faults: list[str], seed: int)
 
         st = _load(runs, "chaos")
         states = Counter(t.state.name for t in st.trials)
-        fired = fired_kinds(sorted((runs / "chaos" / "trials").glob("*/server.log")))
+        found = launches(tmp, "chaos")
+        fired = fired_kinds(found)
         print(
             f"\nclean: {clean_s:.0f} s; chaos: {chaos_s:.0f} s ({chaos_s / clean_s:.2f}x); "
             f"trials {dict(states)}; SSH cuts {cuts}; faults fired {dict(fired)}"
         )
+        print("\n".join(launch.line() for launch in found))
         # every trial accounted for
         assert states["COMPLETE"] == n_trials and states.get("RUNNING", 0) == 0
         for t in st.trials:
@@ -186,7 +235,7 @@ def run_soak(tmp: Path, sshd: Sshd, n_trials: int, faults: list[str], seed: int)
         )
         assert chaos_best["mean"] >= clean_best["mean"] * (1 - 2 * noise)
         assert yaml.safe_load((runs / "chaos" / "best.yaml").read_text())["mem-fraction-static"]
-        return Soak(fired, cuts)
+        return Soak(fired, cuts, tuple(found))
     finally:
         for m in markers:
             kill_marked(m)

@@ -17,6 +17,12 @@ servers (a failed attempt is retried on a new launch). The rates differ from the
 where a short run needs it: health-flap answers half the probes (a server gets a few /health
 probes once ready), and crash-load / hang-load need no request first (they fire 0.3 s after
 ready, during the warm-up, whether or not an SSH cut kept the warm-up request away).
+
+The space stops at mem-fraction-static 0.96: the demo's 0.98 fails its CUDA-graph capture at
+start-up, and a launch the sampler sends there ends before a load fault armed on it can fire (a
+CI run once lost hang-load that way: which configuration meets launch 6 depends on the order in
+which faults and SSH cuts landed). Every launch is printed, read from the logs the servers left
+on the host: what it armed, whether it became ready, what fired, its exit code.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ FAULTS = [
 
 
 def test_chaos_soak(tmp_path: Path, sshd_server: Sshd) -> None:
-    soak = run_soak(tmp_path, sshd_server, N_TRIALS, FAULTS, SEED)
+    soak = run_soak(tmp_path, sshd_server, N_TRIALS, FAULTS, SEED, mfs_high=0.96)
     kinds = {spec.split(":")[0] for spec in FAULTS}
     assert kinds == set(KEYS), "the mix leaves a fault kind out"
     assert not kinds - set(soak.fired), f"never fired: {sorted(kinds - set(soak.fired))}"
