@@ -22,6 +22,7 @@ from tuner.config.yamlfile import special_file
 from tuner.errors import ConfigError, InfraError, StudyMismatchError
 from tuner.search.sampler import make_sampler
 from tuner.search.space import fingerprint, hosted_target_hash
+from tuner.study.rows import check_rows, sqlite_path
 
 HEARTBEAT_S = 30
 GRACE_S = 120
@@ -311,7 +312,8 @@ def metric_names(cfg: StudyConfig) -> list[str]:
 def open_study(
     cfg: StudyConfig, storage: optuna.storages.BaseStorage, sampler: BaseSampler
 ) -> optuna.Study:
-    """Create the study, or load it after checking it was made from an equivalent study file."""
+    """Create the study, or load it after checking its rows (study/rows.py) and that it was
+    made from an equivalent study file."""
     study = optuna.create_study(
         study_name=cfg.study,
         storage=storage,
@@ -319,6 +321,9 @@ def open_study(
         directions=directions(cfg),
         load_if_exists=True,
     )
+    url = str(getattr(storage, "url", ""))
+    path = sqlite_path(url)
+    check_rows(study, str(path) if path else masked(url), path)  # before a row is written
     mine = fingerprint(cfg)
     theirs = study.user_attrs.get(FINGERPRINT_ATTR)
     if theirs is not None and theirs == {**mine, "target": hosted_target_hash(cfg)}:
