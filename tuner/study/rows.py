@@ -117,16 +117,24 @@ def check_rows(study: optuna.Study, where: str, path: Path | None = None) -> Non
     """Raise InputFileError(where, ...) naming the first row of `study` that optuna cannot
     decode or that holds a tuner record of the wrong type; `path`: the SQLite file, scanned to
     name a row optuna failed on."""
-    try:
+    try:  # optuna's decoding only: a bug in the checks below keeps its traceback
         attrs = study.user_attrs
         trials = study.get_trials(deepcopy=False)
-        problem = study_problem(attrs) or next(
-            (p for t in trials if (p := trial_problem(t, len(study.directions)))), None
-        )
+        constraints = [t.constraints for t in trials]  # optuna's, from a system attribute
     except DECODE_ERRORS as exc:
         first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         found = locate(path) if path is not None else None
         problem = found or f"a row optuna cannot read ({type(exc).__name__}: {first})"
+        raise InputFileError(where, f"{problem}; {HINT}") from None
+    directions = len(study.directions)
+    problem = study_problem(attrs) or next(
+        (
+            p
+            for t, c in zip(trials, constraints, strict=True)
+            if (p := trial_problem(t, c, directions))
+        ),
+        None,
+    )
     if problem:
         raise InputFileError(where, f"{problem}; {HINT}")
 
@@ -140,8 +148,9 @@ def study_problem(attrs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def trial_problem(t: FrozenTrial, directions: int) -> str | None:
-    """What is wrong with trial `t` as tuner reads it (None: nothing)."""
+def trial_problem(t: FrozenTrial, constraints: Mapping[str, Any], directions: int) -> str | None:
+    """What is wrong with trial `t` as tuner reads it (None: nothing); `constraints`: its
+    constraints as optuna gives them."""
     if t.state == TrialState.COMPLETE and (t.values is None or len(t.values) != directions):
         n = "no value" if t.values is None else f"{len(t.values)} values"
         want = "one objective" if directions == 1 else f"{directions} objectives"
@@ -150,7 +159,6 @@ def trial_problem(t: FrozenTrial, directions: int) -> str | None:
         if key in t.user_attrs and not check(t.user_attrs[key]):
             value = _shown(t.user_attrs[key])
             return f"trial {t.number}'s attribute '{key}' must hold {want}, not {value}"
-    constraints = t.constraints  # optuna's, from a system attribute: a list of numbers
     if not all(_number(v) for v in constraints.values()):
         return f"trial {t.number}'s constraints must be numbers, not {_shown(constraints)}"
     return None
