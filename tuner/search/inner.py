@@ -12,7 +12,13 @@ each server that starts this search finds its best concurrency with a few load r
    (past a peak, retraction or a slow queue can make less concurrency worth more);
 3. then bisect, on the log scale, between the best point and its worse neighbours until the gap
    is below one `resolution` step; runs left look below the best by sqrt(`factor`) (a short
-   window's throughput is bumpy in concurrency), until the run budget is spent.
+   window's throughput is bumpy in concurrency), until the run budget is spent. On the study's
+   first look (`Bounds.first`: no earlier server's best to start from), when its runs measured
+   a short window's ramp-up (`Point.bumpy`, loadgen/window.py) and the best gained less than two
+   noise floors over the clear point below it, that look below comes before the bisection: a
+   flat stretch of a bumpy curve is where a factor-2 bracket steps over a peak (the demo's 6 s
+   windows: 64 -> 128 gains 4%, the peak is at 102). A steep rise into the best (tight's 32 ->
+   64 gains 40%) says the best lies up at the edge, and the bisection goes first as before.
 
 Throughput in concurrency rises until the pool or an SLO binds, then flattens (a queue) or the
 SLO breaks, so the feasible best is a bracket's edge. `measure(c)` is injected (a real load run,
@@ -44,6 +50,9 @@ class Point:
     #: the run was cut early (search/cut.py): `value` is its projection, `feasible` its SLOs so
     #: far; it steers the search and is never its result
     cut: bool = False
+    #: the run's window measured the first wave's ramp-up (loadgen/window.py): throughput is
+    #: bumpy in concurrency where such runs are
+    bumpy: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class Bounds:
     resolution: float = 1.15  # stop bisecting when hi / lo is below this
     step: int = 1  # space.concurrency.step: every point is low + k * step
     explore: int | None = None  # a point no server of the study measured yet, run second
+    first: bool = True  # no earlier server's best to start from: the study's first look
 
     def snap(self, c: int) -> int:
         """`c` clamped to [low, high] and onto the grid low + k * step (the nearest point)."""
@@ -181,6 +191,10 @@ def search(measure: Callable[[int], Point | None], b: Bounds) -> InnerResult:
     best = _best(points)
     if best is not None and past_peak:  # retraction or a slow queue: less may be worth more
         _climb(run, points, best.concurrency, b, up=False)
+    best = _best(points)
+    if best is not None and b.first and _flat_below(points, best, b.gain):
+        # a short window's curve has bumps the bracket stepped over: look below first
+        _climb(run, points, best.concurrency, replace(b, factor=math.sqrt(b.factor)), up=False)
     _bisect(run, points, b)
     best = _best(points)
     if best is not None:  # runs left: a last, finer look below the best (a window's bumps)
@@ -218,6 +232,20 @@ def _bisect(run: Callable[[int], Point | None], points: dict[int, Point], b: Bou
         mid = min(max(b.snap(round(math.sqrt(lo * hi))), lo + b.step), hi - b.step)
         if run(mid) is None:
             return
+
+
+def _flat_below(points: dict[int, Point], best: Point, gain: float) -> bool:
+    """The runs measured a short window's ramp-up (`bumpy`) and the best gained less than two
+    noise floors over the clear point below it: a flat stretch, where a bump can hide."""
+    if not any(p.bumpy for p in points.values()):
+        return False
+    below = [
+        p for p in points.values() if p.feasible and not p.cut and p.concurrency < best.concurrency
+    ]
+    if not below:
+        return False
+    near = max(below, key=lambda p: p.concurrency)
+    return best.value <= near.value * (1 + 2 * gain)
 
 
 def _best(points: dict[int, Point]) -> Point | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.config.schema import StudyConfig
+from tuner.loadgen.window import short_window
 from tuner.loadgen.workload import Request, request_pool, request_tokens, requests_for
 from tuner.outcome import (
     POOL_ATTR,
@@ -165,7 +166,7 @@ class InnerSearch:
         if hint is not None and start is None:
             shape = {k[1]: v for k, v in fit(self.table).items() if len(k) == 2 and k[0] == group}
             factor = narrowed(shape, hint, b.factor, HINTED_RESOLUTION, b.gain)
-            b = replace(b, factor=factor, explore=widest_gap(self.seen, hint, b))
+            b = replace(b, factor=factor, explore=widest_gap(self.seen, hint, b), first=False)
         key = self._keyer(group, pool)
 
         def choose(points: Sequence[Point]) -> Point | None:
@@ -304,7 +305,10 @@ def run_inner(
             stop = out.status in (Status.DIED, Status.WORLD, Status.START_FAILED)
             safe = out.feasible and _clear_of_limits(out.constraints) and _few_beyond(out.tails)
             room = _headroom(out.constraints)
-            p = Point(c, raw, safe, stop, str(out.status), out.reason, out.failure, room)
+            bumpy = short_window(cfg.workload.duration_s, out.metrics, c) is not None
+            p = Point(
+                c, raw, safe, stop, str(out.status), out.reason, out.failure, room, bumpy=bumpy
+            )
         seen.append(p)
         return p
 

@@ -232,3 +232,44 @@ def test_inner_search_finds_the_brute_force_best_concurrency(name: str) -> None:
         f"{name}: inner {found.concurrency} ({found.value:,.0f}) vs brute force {best_c} "
         f"({brute[best_c]:,.0f})"
     )
+
+
+def bumpy_curve(short: bool) -> Callable[[int], Point]:
+    """A short window's curve (demo, 6 s windows): from 1,000 rising slowly to 1,150 at the
+    SLO's edge, 180, with a bump of 1,200 over 85-100; `short`: the runs say their window
+    measured the ramp-up (loadgen/window.py)."""
+
+    def measure(c: int) -> Point:
+        value = 1200.0 if 85 <= c <= 100 else 1000.0 + 150.0 * min(c, 180) / 180
+        return Point(c, value, c <= 180, bumpy=short)
+
+    return measure
+
+
+def test_a_first_search_on_a_short_window_looks_below_a_flat_bracket_first() -> None:
+    """Demo-like: 64 -> 128 gains 5% (flat), 256 breaks the SLO; the bump at 85-100 lies where
+    the factor-2 bracket stepped over it. The first search looks below the best (128 / sqrt 2)
+    before it bisects toward the edge; the same curve in a long window bisects up as before."""
+    b = Bounds(low=8, high=256, start=64, max_runs=5)
+    short = search(bumpy_curve(short=True), b)
+    assert [p.concurrency for p in short.points][:4] == [64, 128, 256, 91]
+    assert short.best is not None and short.best.value == 1200.0
+    steady = search(bumpy_curve(short=False), b)
+    assert 91 not in [p.concurrency for p in steady.points]
+    assert steady.best is not None and steady.best.concurrency > 128
+    # a hinted search (an earlier server found a best) has its explore run instead
+    hinted = search(bumpy_curve(short=True), replace(b, first=False))
+    assert [p.concurrency for p in hinted.points] == [p.concurrency for p in steady.points]
+
+
+def test_a_steep_rise_into_the_best_keeps_the_bisection_first() -> None:
+    """Tight-like: 32 -> 64 gains 40%, the SLO breaks above 80: the rise says the best is up
+    at the edge, so a short window changes nothing in the order of the runs."""
+
+    def measure(short: bool) -> Callable[[int], Point]:
+        return lambda c: Point(c, 25.0 * min(c, 80), c <= 80, bumpy=short)
+
+    b = Bounds(low=4, high=256, start=32, max_runs=5)
+    short, steady = search(measure(True), b), search(measure(False), b)
+    assert [p.concurrency for p in short.points] == [p.concurrency for p in steady.points]
+    assert short.best is not None and short.best.concurrency >= 70
