@@ -25,16 +25,13 @@ from tuner.config.schema import StudyConfig
 from tuner.errors import InfraError, TrialTimeout
 from tuner.outcome import TrialOutcome, full_params, objective_values
 from tuner.study.callbacks import RideOut
-from tuner.study.states import STATE_OF
+from tuner.study.states import ROUNDS_ATTR, STATE_OF
 from tuner.trial.runner import TrialRunner
 from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
 from tuner.verdict.gpuhours import CONFIRM_SPENT_ATTR
 from tuner.verdict.trials import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed, top_trials
 from tuner.verdict.winner import out_of_reach, unsettled
 from tuner.watch.events import TrialStarted
-
-#: + ":<worker>": [trials complete, extra confirmation rounds that worker ran at that count]
-ROUNDS_ATTR = "tuner:confirm_rounds"
 
 Tails = Mapping[str, Any] | None
 

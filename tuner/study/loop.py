@@ -68,7 +68,7 @@ from tuner.study.callbacks import (
 )
 from tuner.study.confirm import Confirmation
 from tuner.study.reproduce import counts_as_configs
-from tuner.study.states import SERVER_ATTR, STATE_OF, TuneStats
+from tuner.study.states import IDENTITY_ATTR, SERVER_ATTR, STATE_OF, TuneStats
 from tuner.study.storage import GRACE_S
 from tuner.study.worklock import alive_elsewhere, refuse_twin, stale_trial_ids
 from tuner.trial.runner import TrialRunner
@@ -76,7 +76,6 @@ from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
 from tuner.verdict.trials import completed, measured_before
 from tuner.watch.events import TrialStarted
 
-IDENTITY_ATTR = "tuner:server_identity"
 IDENTITY_KEYS = ("version", "gpu")
 #: what a duplicate copies from the trial that measured its configuration (not its latency tails:
 #: those are the measuring trial's requests, pooled once, and a duplicate is no candidate)

@@ -26,6 +26,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import InputFileError
 from tuner.outcome import METRIC_ATTRS, POOL_ATTR, Attr
+from tuner.study.states import FINGERPRINT_ATTR, IDENTITY_ATTR, ROUNDS_ATTR, SERVER_ATTR
+from tuner.verdict.gpuhours import CONFIRM_SPENT_ATTR
+from tuner.verdict.trials import CONFIRM_ATTR, CONFIRM_TAILS_ATTR
 
 #: what optuna's storage raises while it decodes a stored row: json's ValueError, the state
 #: enum's LookupError, its asserts (a NULL value), a TypeError where a JSON value has the
@@ -100,13 +103,13 @@ TRIAL_TYPES: dict[str, tuple[Check, str]] = {
 
 #: the study's user attributes tuner reads, by the prefix of their key (most are per worker)
 STUDY_TYPES: dict[str, tuple[Check, str]] = {
-    "tuner:fingerprint": (_map_of(_TEXT), "an object of strings"),
-    "tuner:server_identity": (_RECORD, "an object"),
-    "tuner:server_pgid:": (_maybe(_integer), "an integer or null"),
-    "tuner:confirmations:": (_map_of(_list_of(_number)), "an object of lists of numbers"),
-    "tuner:confirm_tails:": (_map_of(_list_of(_maybe(_RECORD))), "an object of lists"),
-    "tuner:confirm_spent:": (_map_of(_list_of(_RECORD)), "an object of lists of objects"),
-    "tuner:confirm_rounds:": (
+    FINGERPRINT_ATTR: (_map_of(_TEXT), "an object of strings"),
+    IDENTITY_ATTR: (_RECORD, "an object"),
+    SERVER_ATTR: (_maybe(_integer), "an integer or null"),
+    f"{CONFIRM_ATTR}:": (_map_of(_list_of(_number)), "an object of lists of numbers"),
+    f"{CONFIRM_TAILS_ATTR}:": (_map_of(_list_of(_maybe(_RECORD))), "an object of lists"),
+    f"{CONFIRM_SPENT_ATTR}:": (_map_of(_list_of(_RECORD)), "an object of lists of objects"),
+    f"{ROUNDS_ATTR}:": (
         lambda v: isinstance(v, list) and len(v) == 2 and all(_integer(x) for x in v),
         "a list of two integers",
     ),

@@ -10,7 +10,12 @@ from optuna.trial import TrialState
 
 from tuner.outcome import Status
 
+#: the study's own attributes (study/rows.py checks their types when a study opens)
 SERVER_ATTR = "tuner:server_pgid:"  # + worker: the live server a worker left running
+FINGERPRINT_ATTR = "tuner:fingerprint"  # what makes trials comparable (study/storage.py)
+IDENTITY_ATTR = "tuner:server_identity"  # the SGLang version and GPU the study ran on
+#: + ":<worker>": [trials complete, extra confirmation rounds that worker ran at that count]
+ROUNDS_ATTR = "tuner:confirm_rounds"
 
 #: the one place an outcome becomes an optuna state: FAIL teaches the sampler nothing
 STATE_OF: Mapping[Status, TrialState] = {

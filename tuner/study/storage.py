@@ -23,10 +23,10 @@ from tuner.errors import ConfigError, InfraError, StudyMismatchError
 from tuner.search.sampler import make_sampler
 from tuner.search.space import fingerprint, hosted_target_hash
 from tuner.study.rows import check_rows, sqlite_path
+from tuner.study.states import FINGERPRINT_ATTR
 
 HEARTBEAT_S = 30
 GRACE_S = 120
-FINGERPRINT_ATTR = "tuner:fingerprint"
 #: a database server that does not answer within this fails the command (libpq waits forever)
 CONNECT_TIMEOUT_S = 10
 SQLITE_MAGIC = b"SQLite format 3\x00"
