@@ -49,6 +49,9 @@ class BudgetSection(Model):
     confirm_top: int = Field(3, ge=0, le=100)
     confirm_repeats: int = Field(2, ge=1, le=20)  # each is a restart and a load run
     confirm_extra: int = Field(2, ge=0, le=10)  # rounds re-running winner and runner-up in noise
+    #: rounds after those, run only while the winner is shaky (a start that missed, or odds of
+    #: holding its limits below steady) and --timeout leaves time: it and the next candidate
+    confirm_shaky: int = Field(3, ge=0, le=10)
     infra_retries: int = Field(2, ge=0, le=20)
     #: this many trials in a row failing for the world's reasons stop the study (exit 1)
     max_consecutive_infra_failures: int = Field(3, ge=1, le=100)

@@ -196,6 +196,8 @@ def _versus(v: dict[str, Any]) -> str:
     noise = f"run-to-run noise {v['noise_pct']:.1f}%, 2 sigma of the gap {v['two_sigma_pct']:.1f}%"
     if v["separated"]:
         return f"{head}, beyond the noise ({noise})"
+    if v.get("steadier"):
+        return f"{head}, within the noise ({noise}): the steady one wins"
     return f"{head}, within the noise ({noise}): as good as each other"
 
 

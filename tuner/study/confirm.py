@@ -30,7 +30,7 @@ from tuner.trial.runner import TrialRunner
 from tuner.trial.watchdog import WATCHDOG_GRACE_S, watchdog
 from tuner.verdict.gpuhours import CONFIRM_SPENT_ATTR
 from tuner.verdict.trials import CONFIRM_ATTR, CONFIRM_TAILS_ATTR, aligned, completed, top_trials
-from tuner.verdict.winner import out_of_reach, unsettled
+from tuner.verdict.winner import out_of_reach, shaky_winner, unsettled
 from tuner.watch.events import TrialStarted
 
 Tails = Mapping[str, Any] | None
@@ -111,7 +111,10 @@ class Confirmation:
     `budget.confirm_extra` rounds of `verdict.winner.unsettled`: a winner with a start that
     missed on its own, or unsure of holding its limits (verdict/tails.py), runs again beside the
     best config not yet confirmed, one whose pooled p99 is near a limit runs again, and one
-    within the run-to-run noise of the runner-up beside it: luck loses its lead.
+    within the run-to-run noise of the runner-up beside it: luck loses its lead. Then at most
+    `budget.confirm_shaky` rounds more while the winner is still shaky, each within --timeout
+    (`deadline`): where every candidate found sits at an SLO's edge, two rounds confirm two
+    fallbacks at most, and a night that stopped at its trial cap has the hours for more.
 
     A run the world spoiled (InfraError, WORLD, a lagging client) is not a 0.0: it is run again,
     at most budget.infra_retries times per config, then confirmation stops with `error` set.
@@ -149,9 +152,13 @@ class Confirmation:
                 for t in tops:
                     if t.number not in out:
                         self._runs(t, record, k)
-            extra = self.cfg.budget.confirm_extra - record.rounds if top else 0
-            for done in range(extra):
-                numbers = unsettled(self.study, rounds_left=extra - done)
+            budget = self.cfg.budget
+            for done in range(record.rounds, budget.confirm_extra + budget.confirm_shaky):
+                # past confirm_extra, a round runs only for a shaky winner: a night that ends
+                # on one exports a start that misses its limits one time in ten or more
+                if not top or (done >= budget.confirm_extra and not shaky_winner(self.study)):
+                    break
+                numbers = unsettled(self.study, rounds_left=max(budget.confirm_extra - done, 0))
                 if not numbers:
                     break
                 for number in numbers:

@@ -3,7 +3,8 @@ the best leads the runner-up, and what confirmation should run again. No writes.
 
 A candidate holds its SLOs on every request of its runs pooled (verdict/tails.py); a run that
 missed on its own counts 0 in its mean (a server serves on the luck of one start), and a pass
-within the noise of a limit counts its odds of holding. `best_trial` picks the winner,
+within the noise of a limit counts its odds of holding, and a shaky lead within the run-to-run
+noise yields to a steady candidate. `best_trial` picks the winner,
 `versus_runner_up` says whether its lead is beyond the run-to-run noise, `unsettled` names what
 confirmation runs again (a shaky winner, a tie the rounds left could part).
 """
@@ -20,6 +21,7 @@ from tuner.outcome import Attr, full_params
 from tuner.search.space import canonical
 from tuner.verdict.tails import (
     exceed_odds,
+    first_bias,
     hold_odds,
     log_ratios,
     near_limits,
@@ -100,7 +102,29 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
         # odds of ODDS_STEADY or more count as sure; below, a start is worth its share of them
         worth = min(mean, min(1.0, odds / ODDS_STEADY) * sum(runs) / len(runs))
         out.append(Candidate(t, runs, mean, sum(alone), pooled, missed, odds, worth))
-    return sorted(out, key=lambda c: c.worth, reverse=True)
+    return _steady_first(sorted(out, key=lambda c: c.worth, reverse=True))
+
+
+def _steady_first(ranked: list[Candidate]) -> list[Candidate]:
+    """`ranked` with the best steady candidate first when a shaky one leads it by no more than
+    the run-to-run noise (twice the standard error of the two means, as `versus_runner_up`
+    separates them): a lead the runs cannot tell from luck does not buy a start that misses its
+    limits more often. Llama-70B TP4: concurrency 65 worth 1,356 (odds 0.94 on six fresh starts,
+    55 of 60 starts hold) against a steady 1,310 at 55 (60 of 60). A lead on the first
+    measurement alone, no fresh start yet, keeps its place: confirmation runs it (`unsettled`),
+    and its next start says more than the rule (Llama-8B on 32 GB: an unconfirmed 1,769 set
+    aside for a steady 1,690 lost 3% of the optimum on held-out starts)."""
+    best = ranked[0] if ranked else None
+    cv = _noise_cv(ranked)
+    if best is None or len(best.runs) < 2 or not _shaky(best) or not best.worth or cv is None:
+        return ranked
+    steady = next((c for c in ranked[1:] if not _shaky(c) and c.worth > 0), None)
+    if steady is None:
+        return ranked
+    gap = (best.worth - steady.worth) / best.worth
+    if gap > 2 * cv * (1 / len(best.runs) + 1 / len(steady.runs)) ** 0.5:
+        return ranked
+    return [steady, *(c for c in ranked if c is not steady)]
 
 
 def _fresh(every: Sequence[Any]) -> Sequence[Any]:
@@ -191,6 +215,8 @@ def versus_runner_up(study: optuna.Study) -> dict[str, Any] | None:
         out["runner_up_worth"] = r_mean  # its mean charged by its odds: what gap_pct compares
     if second.missed:  # ranked 0.0: out of the running, whatever the noise
         out["runner_up_missed"] = second.missed
+    if gap < 0:  # ahead by worth, behind on steadiness (`_steady_first`)
+        out["steadier"] = True
     if cv is None:
         return {**out, "noise_pct": None, "two_sigma_pct": None, "separated": None}
     two_sigma = 200 * cv * (1 / len(winner.runs) + 1 / len(second.runs)) ** 0.5
@@ -269,6 +295,13 @@ def unsettled(study: optuna.Study, rounds_left: int | None = None) -> tuple[int,
     return (best.trial.number, versus["runner_up"])
 
 
+def shaky_winner(study: optuna.Study) -> bool:
+    """Is the winner shaky (`_shaky`) with a steadier candidate possibly to find: False when
+    there is no winner or every candidate misses pooled (nothing to settle)."""
+    ranked = _ranked(study)
+    return bool(ranked) and not ranked[0].missed and _shaky(ranked[0])
+
+
 def _futile(versus: Mapping[str, Any], runs: tuple[int, int], rounds: int) -> bool:
     """The gap would still be inside the noise after `rounds` more runs of winner and runner-up:
     twice the standard error of the two means, at the noise measured, with that many more runs
@@ -293,17 +326,20 @@ def _fallback(study: optuna.Study, ranked: Sequence[Candidate]) -> list[FrozenTr
     "Best" is by value charged by the odds of its one run (as `_ranked` charges a candidate):
     below an edge, p99s need not fall with load (Llama-70B TP4: p99 TPOT at concurrency 62 sits
     above 65's), and the fastest trial there may sit at the limit too, while one 1% slower
-    holds by 7%."""
+    holds by 7%. That run is read as far from its limits as the candidates' fresh starts read
+    from their first runs (`first_bias`): a first run 6% under a limit is a lucky draw where
+    they read 3% under, and confirming it finds one more shaky candidate."""
     taken = {canonical(c.trial.params) for c in ranked}
     tails = all_confirm_tails(study)
-    sd = noise_sd([log_ratios(_tails(c.trial, tails.get(str(c.trial.number), []))) for c in ranked])
+    every = [_tails(c.trial, tails.get(str(c.trial.number), [])) for c in ranked]
+    sd, bias = noise_sd([log_ratios(x) for x in every]), first_bias(every)
     rest = sorted(
         (
             t
             for t in top_trials(study, len(feasible_trials(study)))
             if canonical(t.params) not in taken
         ),
-        key=lambda t: _first_worth(t, sd),
+        key=lambda t: _first_worth(t, sd, bias),
         reverse=True,
     )
     edges = [_load_level(c.trial) for c in ranked if _shaky(c)]
@@ -315,10 +351,11 @@ def _fallback(study: optuna.Study, ranked: Sequence[Candidate]) -> list[FrozenTr
     return rest[:1]
 
 
-def _first_worth(t: FrozenTrial, sd: Mapping[str, float]) -> float:
-    """A trial's value charged by the odds of holding its limits read on its one run."""
+def _first_worth(t: FrozenTrial, sd: Mapping[str, float], bias: Mapping[str, float]) -> float:
+    """A trial's value charged by the odds of holding its limits read on its one run, that run
+    moved toward its limits by the first runs' measured `bias`."""
     tails = [t.user_attrs.get(Attr.TAILS)]
-    odds = min(hold_odds(tails, sd), exceed_odds(tails))
+    odds = min(hold_odds(tails, sd, bias), exceed_odds(tails))
     return t.values[0] * min(1.0, odds / ODDS_STEADY)
 
 

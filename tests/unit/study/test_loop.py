@@ -374,7 +374,7 @@ TPOT_STUDY = {
     **STUDY,
     "space": {"mem-fraction-static": {"choices": [0.8, 0.9]}, "concurrency": {"choices": [16]}},
     "objective": {"slo": {"p99_tpot_ms": 50}},
-    "budget": {"confirm_top": 2, "confirm_repeats": 2, "confirm_extra": 0},
+    "budget": {"confirm_top": 2, "confirm_repeats": 2, "confirm_extra": 0, "confirm_shaky": 0},
 }
 
 

@@ -11,6 +11,7 @@ from tuner.verdict.tails import (
     FLOOR_SD,
     _gamma_cdf,
     exceed_odds,
+    first_bias,
     histogram,
     hold_odds,
     log_ratios,
@@ -97,3 +98,24 @@ def test_the_gamma_cdf_matches_closed_forms_and_its_large_argument_form() -> Non
     assert _gamma_cdf(99.5, 99.5) == pytest.approx(_gamma_cdf(100.5, 100.5), abs=0.03)
     assert 0.45 < _gamma_cdf(5000.5, 5000.0) < 0.5 and _gamma_cdf(3.5, 600.0) == 1.0
     assert _gamma_cdf(2.0, 0.0) == 0.0
+
+
+def test_first_bias_is_how_far_first_runs_read_below_their_fresh_starts() -> None:
+    # two candidates: first runs at 0.90 and 0.92 of the limit, fresh starts at 0.96 and 0.97
+    lucky = [[_run(2700), _run(2880), _run(2880)], [_run(2760), _run(2910)]]
+    y = {ms: log_ratios([_run(ms)])["p99_ttft_ms"][0] for ms in (2700, 2760, 2880, 2910)}
+    want = (y[2880] - y[2700] + y[2910] - y[2760]) / 2  # ~0.055: the p99s as binned
+    assert first_bias(lucky)["p99_ttft_ms"] == pytest.approx(want)
+    # a candidate with no fresh start, or no first tails (a study before them), says nothing
+    assert first_bias([[_run(2700)], [None, _run(2900)]]) == {}
+    # first runs no luckier than the fresh ones: no bias, never a credit
+    assert first_bias([[_run(2900), _run(2700)]]) == {"p99_ttft_ms": 0.0}
+
+
+def test_a_shift_moves_the_runs_toward_their_limit() -> None:
+    sd = {"p99_ttft_ms": FLOOR_SD}
+    run = [_run(2800)]  # one run 7% under the limit: steady on its own
+    assert hold_odds(run, sd) > 0.975
+    y = {ms: log_ratios([_run(ms)])["p99_ttft_ms"][0] for ms in (2800, 2950)}
+    shifted = hold_odds(run, sd, {"p99_ttft_ms": y[2950] - y[2800]})
+    assert shifted == pytest.approx(hold_odds([_run(2950)], sd)) and shifted < 0.8
